@@ -1,0 +1,15 @@
+"""Command-line interface: `clusterctl <command>`."""
+
+from __future__ import annotations
+
+from clusterctl.cli.app import new_app
+from clusterctl.cli import plan_cmd, schema_cmd, site_cmd
+
+app = new_app("Compile a job spec into a topology-aware distributed PyTorch job on Slurm.")
+plan_cmd.register(app)
+schema_cmd.register(app)
+app.add_typer(site_cmd.site_app, name="site")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,52 @@
+"""The typer application and the one place user-facing errors become exit codes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import BUG_REPORT_HINT, ExitCode
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def report_error(exc: ClusterctlError) -> None:
+    err_console.print(f"[bold red]error:[/] {exc.message}", markup=True)
+
+
+class ErrorHandlingGroup(TyperGroup):
+    """Turns ClusterctlError into its exit code and any other exception into exit 1, never a traceback."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ClusterctlError as exc:
+            report_error(exc)
+            raise typer.Exit(int(exc.exit_code)) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # noqa: BLE001 - last line of defence
+            if isinstance(exc, typer.Abort) or getattr(exc, "exit_code", None) is not None:
+                raise  # the CLI framework's own usage errors and exits
+            err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", markup=True)
+            err_console.print(BUG_REPORT_HINT)
+            if "--debug" in sys.argv:
+                raise
+            raise typer.Exit(int(ExitCode.BUG)) from None
+
+
+def new_app(help_text: str) -> typer.Typer:
+    return typer.Typer(
+        cls=ErrorHandlingGroup,
+        help=help_text,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )

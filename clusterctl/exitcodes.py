@@ -1,0 +1,56 @@
+"""Exit codes and verdicts: the one place that defines them.
+
+Every process in a run (CLI, batch script, controller, ranks) exits with one
+of these, so that the batch script can decide restart or requeue from the
+code alone. 75/76 are avoided (Slurm's RequeueExit/RequeueExitHold on some
+sites) and so is 128+n (death by signal).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    BUG = 1
+    USAGE = 2
+    BAD_CONFIG = 65
+    BACKEND_UNAVAILABLE = 69
+    RENDEZVOUS_FAILED = 80
+    PREFLIGHT_FAILED = 81
+    HANG = 82
+    STRAGGLER = 83
+    SCRIPT_FAILED = 84
+    PRE_TIMEOUT = 85
+    NODE_LOST = 86
+    BUDGET_EXHAUSTED = 87
+    DO_NOT_REQUEUE = 93
+
+
+# Meaning and restart policy, as documented in the README (kept in one table
+# so the docs test can compare them).
+DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
+    ExitCode.OK: ("success", "-"),
+    ExitCode.BUG: ("unexpected error (a bug: message + where to report)", "no"),
+    ExitCode.USAGE: ("command-line usage", "no"),
+    ExitCode.BAD_CONFIG: ("bad spec or site config", "no"),
+    ExitCode.BACKEND_UNAVAILABLE: (
+        "backend unavailable (no sbatch, controller unreachable, SSH down)",
+        "no",
+    ),
+    ExitCode.RENDEZVOUS_FAILED: ("rendezvous failed", "in-allocation once, then new job"),
+    ExitCode.PREFLIGHT_FAILED: ("preflight failed (culprit node named)", "yes, excluding it"),
+    ExitCode.HANG: ("hang verdict", "yes, excluding the culprit's node"),
+    ExitCode.STRAGGLER: ("straggler verdict", "yes, excluding the culprit's node"),
+    ExitCode.SCRIPT_FAILED: ("a rank's script failed (traceback in verdict.json)", "within budget"),
+    ExitCode.PRE_TIMEOUT: (
+        "pre-timeout or preempted, checkpoint committed",
+        "yes, new job, not counted",
+    ),
+    ExitCode.NODE_LOST: ("node lost", "yes, excluding it"),
+    ExitCode.BUDGET_EXHAUSTED: ("restart budget exhausted or no progress", "no"),
+    ExitCode.DO_NOT_REQUEUE: ('reserved: nvidia-resiliency-ext "do not requeue"', "no"),
+}
+
+BUG_REPORT_HINT = "this is a bug in clusterctl; please report it with the command and the message above"

@@ -1,0 +1,50 @@
+"""Load a job: spec + overrides + its site, and plan it. The one entry for every command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterctl.plan import Plan, make_plan
+from clusterctl.site import Site, load_site
+from clusterctl.errors import ConfigError
+from clusterctl.spec import JobSpec, spec_from_located
+from clusterctl.yamlload import load_yaml
+
+
+@dataclass(frozen=True)
+class Job:
+    spec_path: Path
+    spec: JobSpec
+    site: Site
+    site_path: Path
+    plan: Plan
+
+
+def _site_ref(spec: JobSpec, spec_path: Path, site_option: str | None) -> str:
+    if site_option:
+        return site_option
+    ref = spec.site
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        candidate = Path(ref).expanduser()
+        if not candidate.is_absolute():
+            candidate = spec_path.parent / candidate
+        return str(candidate)
+    return ref
+
+
+def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> Job:
+    """Validate the spec and the site and plan the job; ConfigError on any problem."""
+    path = Path(spec_path)
+    located = load_yaml(path, "job spec")
+    spec = spec_from_located(located, overrides)
+    site_ref = _site_ref(spec, path, site)
+    site_obj, site_path = load_site(site_ref)
+    try:
+        plan = make_plan(spec, site_obj, source=located.source)
+    except ConfigError as exc:
+        overridden = {item.partition("=")[0].strip() for item in overrides or []}
+        from_file = [p for p in exc.problems if not any(p.path.startswith(o) for o in overridden)]
+        others = [p for p in exc.problems if p not in from_file]
+        raise ConfigError(exc.source, located.with_lines(from_file) + others) from None
+    return Job(path, spec, site_obj, site_path, plan)

@@ -1,0 +1,367 @@
+"""Site config: what the admin knows about the cluster, written down once.
+
+Partitions, node types with their rail map (per GPU index: NUMA node, CPU
+list, NICs; per NIC: its rail), the switch tree or blocks, addresses, ports,
+default environment. `validate_site` holds the checks that need more than one
+field (overlapping CPU sets, NICs on no rail, topology naming unknown nodes).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from clusterctl import hostlist
+from clusterctl.cpulist import parse_cpulist
+from clusterctl.errors import OMIT, ConfigError, Problem
+from clusterctl.modelerrors import validate_located
+from clusterctl.shipped import shipped_dir
+from clusterctl.spec import ENV_NAME, EnvValue, NonNegativeInt, PositiveInt
+from clusterctl.yamlload import Located, load_yaml
+
+DEFAULT_SITE = "local"
+SITES_ENV = "CLUSTERCTL_SITES"
+LINUX_EPHEMERAL = (32768, 60999)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _cpus(value: Any) -> str:
+    text = str(value) if isinstance(value, int) else value
+    if not isinstance(text, str):
+        raise ValueError("expected a CPU list such as 0-13,112-125")
+    parse_cpulist(text)
+    return text.strip()
+
+
+CpuList = Annotated[str, Field(description="CPU list such as 0-13,112-125")]
+
+
+class Gpu(Section):
+    """One GPU slot of a node type, and what is closest to it."""
+
+    index: NonNegativeInt
+    numa: NonNegativeInt | None = Field(None, description="NUMA node closest to the GPU")
+    cpus: CpuList | None = Field(None, description="CPUs to bind the GPU's rank to")
+    nics: list[str] = Field(default_factory=list, description="NICs this GPU's rank uses, best first")
+
+    _check_cpus = field_validator("cpus", mode="before")(lambda cls, v: None if v is None else _cpus(v))
+
+    @cached_property
+    def cpu_set(self) -> frozenset[int]:
+        return parse_cpulist(self.cpus) if self.cpus else frozenset()
+
+
+class Nic(Section):
+    rail: NonNegativeInt | None = Field(None, description="rail (leaf switch plane); none for storage/management NICs")
+    port: PositiveInt = Field(1, description="HCA port, as in NCCL_IB_HCA=mlx5_0:1")
+    netdev: str | None = Field(None, description="network interface of this NIC (for UCX/socket transports)")
+    kind: Literal["ib", "roce", "ethernet", "efa", "slingshot", "loopback"] = "ib"
+
+
+class NodeType(Section):
+    gpu_model: str
+    gpu_vendor: Literal["nvidia", "amd", "emulated"] = "nvidia"
+    gpu_memory_gb: float = Field(gt=0, description="memory per GPU in GB (10^9 bytes)")
+    nvlink_domain: PositiveInt = Field(description="GPUs per NVLink (or Infinity Fabric) domain")
+    sockets: PositiveInt = 1
+    gpus: list[Gpu] = Field(min_length=1)
+    nics: dict[str, Nic] = Field(default_factory=dict)
+    features: list[str] = Field(default_factory=list)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.gpus)
+
+
+class Partition(Section):
+    node_type: str
+    nodes: str | None = Field(None, description="hostlist of the partition's nodes, e.g. gpu-[001-128]")
+    default: bool = False
+    max_time: str | None = None
+
+
+class Switch(Section):
+    name: str
+    nodes: str | None = Field(None, description="hostlist of nodes on this (leaf) switch")
+    switches: str | None = Field(None, description="hostlist of child switches")
+
+
+class Block(Section):
+    name: str
+    nodes: str
+
+
+class Topology(Section):
+    kind: Literal["tree", "block", "flat"] = "flat"
+    switches: list[Switch] = Field(default_factory=list)
+    blocks: list[Block] = Field(default_factory=list)
+    block_sizes: list[PositiveInt] = Field(default_factory=list)
+
+
+class Network(Section):
+    interface: str | None = Field(None, description="interface whose address is the rendezvous address")
+    address_family: Literal["ipv4", "ipv6"] = "ipv4"
+    addresses: dict[str, str] = Field(default_factory=dict, description="node name -> address (no DNS)")
+    port_range: tuple[PositiveInt, PositiveInt] = Field((20000, 29999), description="MASTER_PORT range")
+    ephemeral_range: tuple[PositiveInt, PositiveInt] = Field(
+        LINUX_EPHEMERAL, description="the nodes' net.ipv4.ip_local_port_range"
+    )
+
+
+class ContainerRuntime(Section):
+    plugin: Literal["pyxis", "none"] = "none"
+
+
+class Site(Section):
+    """A cluster as its admin describes it."""
+
+    name: str
+    description: str = ""
+    partitions: dict[str, Partition] = Field(min_length=1)
+    node_types: dict[str, NodeType] = Field(min_length=1)
+    topology: Topology = Field(default_factory=Topology)
+    network: Network = Field(default_factory=Network)
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="environment for every rank (NCCL/UCX)")
+    modules: list[str] = Field(default_factory=list)
+    container: ContainerRuntime = Field(default_factory=ContainerRuntime)
+    templates: str | None = Field(None, description="directory of templates overriding the shipped ones")
+    oversubscribe: bool = Field(False, description="emulated GPUs may share CPUs (local and test sites)")
+    runs_root: str | None = None
+    gres: Literal["gpus-per-node", "gres", "none"] = Field(
+        "gpus-per-node", description="how GPUs are requested from Slurm"
+    )
+
+    @property
+    def default_partition(self) -> str:
+        for name, part in self.partitions.items():
+            if part.default:
+                return name
+        return next(iter(self.partitions))
+
+    def node_type_of(self, partition: str) -> NodeType:
+        return self.node_types[self.partitions[partition].node_type]
+
+
+# --- semantic checks -----------------------------------------------------------
+
+
+def site_problems(site: Site) -> list[Problem]:
+    """Everything wrong with a site that the field types cannot express."""
+    problems: list[Problem] = []
+    for name, nt in site.node_types.items():
+        problems += _node_type_problems(site, name, nt)
+    problems += _partition_problems(site)
+    problems += _topology_problems(site)
+    problems += _network_problems(site)
+    for key in site.env:
+        if not ENV_NAME.match(key):
+            problems.append(Problem(f"env.{key}", key, "expected an environment variable name"))
+    return problems
+
+
+def _node_type_problems(site: Site, name: str, nt: NodeType) -> list[Problem]:
+    problems = []
+    base = f"node_types.{name}"
+    indices = [g.index for g in nt.gpus]
+    if sorted(indices) != list(range(len(indices))):
+        problems.append(Problem(f"{base}.gpus", indices, f"expected GPU indices 0..{len(indices) - 1}, each once"))
+    n = len(nt.gpus)
+    if nt.nvlink_domain % n and n % nt.nvlink_domain:
+        problems.append(
+            Problem(
+                f"{base}.nvlink_domain",
+                nt.nvlink_domain,
+                f"expected a divisor or a multiple of the GPUs per node ({n})",
+            )
+        )
+    owner: dict[int, int] = {}
+    for pos, gpu in enumerate(nt.gpus):
+        where = f"{base}.gpus[{pos}]"
+        if gpu.numa is None:
+            problems.append(Problem(f"{where}.numa", None, "expected the GPU's NUMA node (every GPU needs one)"))
+        if not gpu.cpus:
+            problems.append(Problem(f"{where}.cpus", None, "expected the GPU's CPU list (every GPU needs one)"))
+        if not gpu.nics:
+            problems.append(Problem(f"{where}.nics", [], "expected at least one NIC (every GPU needs one)"))
+        for nic in gpu.nics:
+            if nic not in nt.nics:
+                known = ", ".join(nt.nics) or "none defined"
+                problems.append(Problem(f"{where}.nics", nic, f"expected a NIC defined under {base}.nics ({known})"))
+            elif nt.nics[nic].rail is None:
+                problems.append(
+                    Problem(f"{base}.nics.{nic}.rail", None, f"a NIC used by GPU {gpu.index} must be on a rail")
+                )
+        if site.oversubscribe:
+            continue
+        for cpu in sorted(gpu.cpu_set):
+            if cpu in owner:
+                problems.append(
+                    Problem(
+                        f"{where}.cpus",
+                        gpu.cpus,
+                        f"CPU {cpu} is also bound to GPU {owner[cpu]}; CPU sets must not overlap"
+                        " (set oversubscribe: true for emulated GPUs)",
+                    )
+                )
+                break
+            owner[cpu] = gpu.index
+    return problems
+
+
+def _partition_problems(site: Site) -> list[Problem]:
+    problems = []
+    defaults = [n for n, p in site.partitions.items() if p.default]
+    if len(defaults) > 1:
+        problems.append(Problem("partitions", defaults, "expected at most one default partition"))
+    for name, part in site.partitions.items():
+        if part.node_type not in site.node_types:
+            problems.append(
+                Problem(
+                    f"partitions.{name}.node_type",
+                    part.node_type,
+                    f"expected one of the node types: {', '.join(site.node_types)}",
+                )
+            )
+        if part.nodes is not None:
+            try:
+                hostlist.expand(part.nodes)
+            except hostlist.HostlistError as exc:
+                problems.append(Problem(f"partitions.{name}.nodes", part.nodes, f"expected a hostlist ({exc})"))
+    return problems
+
+
+def known_nodes(site: Site) -> set[str] | None:
+    """All node names the partitions list, or None when no partition lists them."""
+    names: set[str] = set()
+    listed = False
+    for part in site.partitions.values():
+        if part.nodes:
+            listed = True
+            try:
+                names.update(hostlist.expand(part.nodes))
+            except hostlist.HostlistError:
+                pass
+    return names if listed else None
+
+
+def _topology_problems(site: Site) -> list[Problem]:
+    problems: list[Problem] = []
+    nodes = known_nodes(site)
+    topo = site.topology
+    switch_names = [s.name for s in topo.switches]
+    if len(set(switch_names)) != len(switch_names):
+        dupes = sorted({n for n in switch_names if switch_names.count(n) > 1})
+        problems.append(Problem("topology.switches", dupes, "expected each switch name once"))
+    for pos, sw in enumerate(topo.switches):
+        where = f"topology.switches[{pos}]"
+        if not sw.nodes and not sw.switches:
+            problems.append(Problem(where, sw.name, "expected nodes or switches under the switch"))
+        problems += _unknown(f"{where}.nodes", sw.nodes, nodes, "node", "the partitions' nodes")
+        problems += _unknown(f"{where}.switches", sw.switches, set(switch_names), "switch", "the switches named here")
+    for pos, block in enumerate(topo.blocks):
+        problems += _unknown(f"topology.blocks[{pos}].nodes", block.nodes, nodes, "node", "the partitions' nodes")
+    if topo.kind == "tree" and not topo.switches:
+        problems.append(Problem("topology.switches", [], "expected switches for a tree topology"))
+    if topo.kind == "block" and not topo.blocks:
+        problems.append(Problem("topology.blocks", [], "expected blocks for a block topology"))
+    return problems
+
+
+def _unknown(path: str, expr: str | None, known: set[str] | None, what: str, where: str) -> list[Problem]:
+    if not expr:
+        return []
+    try:
+        names = hostlist.expand(expr)
+    except hostlist.HostlistError as exc:
+        return [Problem(path, expr, f"expected a hostlist ({exc})")]
+    if known is None:
+        return []
+    missing = [n for n in names if n not in known]
+    if not missing:
+        return []
+    return [Problem(path, expr, f"unknown {what} {hostlist.compress(missing)}; expected names from {where}")]
+
+
+def _network_problems(site: Site) -> list[Problem]:
+    problems = []
+    net = site.network
+    lo, hi = net.port_range
+    elo, ehi = net.ephemeral_range
+    if not 1024 <= lo <= hi <= 65535:
+        problems.append(Problem("network.port_range", [lo, hi], "expected [low, high] with 1024 <= low <= high <= 65535"))
+    elif lo <= ehi and elo <= hi:
+        problems.append(
+            Problem(
+                "network.port_range",
+                [lo, hi],
+                f"expected a range outside the ephemeral ports {elo}-{ehi}, where outgoing connections collide",
+            )
+        )
+    nodes = known_nodes(site)
+    if nodes is not None:
+        unknown = sorted(set(net.addresses) - nodes)
+        if unknown:
+            problems.append(
+                Problem("network.addresses", unknown, "expected node names that a partition lists")
+            )
+    if not net.addresses and not net.interface:
+        problems.append(
+            Problem(
+                "network",
+                OMIT,
+                "expected `interface` (to resolve the rendezvous address through) or `addresses` (node -> address)",
+            )
+        )
+    return problems
+
+
+# --- loading -------------------------------------------------------------------
+
+
+def shipped_sites() -> dict[str, Path]:
+    """Sites that come with clusterctl, plus any in $CLUSTERCTL_SITES (colon-separated dirs)."""
+    found: dict[str, Path] = {}
+    dirs = [Path(d) for d in os.environ.get(SITES_ENV, "").split(os.pathsep) if d]
+    for path in sorted(shipped_dir("site_configs").glob("*.yaml")):
+        found[path.stem] = path
+    for d in reversed(dirs):
+        for path in sorted(d.glob("*.yaml")):
+            found[path.stem] = path
+    return dict(sorted(found.items()))
+
+
+def resolve_site_path(name_or_path: str) -> Path:
+    """A path as given, or a shipped site's file; a ConfigError lists the choices."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path or candidate.is_file():
+        if not candidate.is_file():
+            raise ConfigError("site", [Problem("site", name_or_path, "expected an existing site YAML file")])
+        return candidate
+    sites = shipped_sites()
+    if name_or_path not in sites:
+        raise ConfigError(
+            "site",
+            [Problem("site", name_or_path, f"expected a site name ({', '.join(sites)}) or a path to a site YAML file")],
+        )
+    return sites[name_or_path]
+
+
+def site_from_located(located: Located) -> Site:
+    site = validate_located(Site, located)
+    problems = site_problems(site)
+    if problems:
+        raise ConfigError(located.source, located.with_lines(problems))
+    return site
+
+
+def load_site(name_or_path: str) -> tuple[Site, Path]:
+    """Load and fully check a site config by name or path."""
+    path = resolve_site_path(name_or_path)
+    return site_from_located(load_yaml(path, "site config")), path
