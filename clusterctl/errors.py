@@ -39,13 +39,12 @@ class Problem:
     note: str = ""
 
     def render(self) -> str:
-        where = self.path or "(top level)"
+        where = self.path
         if self.line is not None:
-            where = f"{where} (line {self.line})"
-        if self.value is OMIT:
-            text = f"{where}: {self.allowed}"
-        else:
-            text = f"{where}: got {_show(self.value)}; {self.allowed}"
+            where = f"{where} (line {self.line})" if where else f"line {self.line}"
+        text = self.allowed if self.value is OMIT else f"got {_show(self.value)}; {self.allowed}"
+        if where:
+            text = f"{where}: {text}"
         if self.note:
             text += f" ({self.note})"
         return text

@@ -36,15 +36,12 @@ def _site_ref(spec: JobSpec, spec_path: Path, site_option: str | None) -> str:
 def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> Job:
     """Validate the spec and the site and plan the job; ConfigError on any problem."""
     path = Path(spec_path)
-    located = load_yaml(path, "job spec")
-    spec = spec_from_located(located, overrides)
+    located = load_yaml(path, "job spec").with_overrides(overrides or [])
+    spec = spec_from_located(located)
     site_ref = _site_ref(spec, path, site)
     site_obj, site_path = load_site(site_ref)
     try:
         plan = make_plan(spec, site_obj, source=located.source)
     except ConfigError as exc:
-        overridden = {item.partition("=")[0].strip() for item in overrides or []}
-        from_file = [p for p in exc.problems if not any(p.path.startswith(o) for o in overridden)]
-        others = [p for p in exc.problems if p not in from_file]
-        raise ConfigError(exc.source, located.with_lines(from_file) + others) from None
+        raise ConfigError(exc.source, located.with_lines(exc.problems)) from None
     return Job(path, spec, site_obj, site_path, plan)

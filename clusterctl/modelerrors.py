@@ -29,12 +29,12 @@ def validate_located(model: type[M], located: Located) -> M:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(
-            located.source, [Problem("(top level)", data, "expected a mapping of fields (key: value lines)", 1)]
+            located.source, [Problem("", data, "expected a mapping of fields (key: value lines)", 1)]
         )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem(model, err, located) for err in exc.errors(include_url=False)]
+        problems = [located.locate(_problem(model, err)) for err in exc.errors(include_url=False)]
         raise ConfigError(located.source, _dedupe(problems)) from None
 
 
@@ -49,41 +49,41 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
     return out
 
 
-def _problem(model: type[BaseModel], err: dict[str, Any], located: Located) -> Problem:
+def _problem(model: type[BaseModel], err: dict[str, Any]) -> Problem:
     loc: FieldPath = tuple(p for p in err["loc"] if not _is_union_tag(p))
     kind = err["type"]
     value = err.get("input", MISSING)
     ctx = err.get("ctx") or {}
-    line = located.line_of(loc)
     path = format_path(loc)
     info = _field_at(model, loc)
     if kind == "missing":
-        return Problem(path, MISSING, "this field is required" + _described(info), line)
+        return Problem(path, MISSING, "this field is required" + _described(info))
     if kind == "extra_forbidden":
         keys = _keys_at(model, loc[:-1])
         hint = ""
         close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
         if close:
             hint = f"did you mean '{close[0]}'? "
-        return Problem(path, OMIT, f"unknown key; {hint}valid keys here: {', '.join(keys)}", line)
+        return Problem(path, OMIT, f"unknown key; {hint}valid keys here: {', '.join(keys)}")
     if kind == "literal_error":
-        return Problem(path, value, f"expected one of {_choices(ctx.get('expected', ''))}", line)
+        return Problem(path, value, f"expected one of {_choices(ctx.get('expected', ''))}")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return Problem(path, value, f"expected a number {_bound(kind, ctx)}", line)
+        return Problem(path, value, f"expected a number {_bound(kind, ctx)}")
     if kind in ("int_type", "int_parsing", "int_from_float"):
-        return Problem(path, value, "expected a whole number" + _described(info), line)
+        return Problem(path, value, "expected a whole number" + _described(info))
     if kind == "string_pattern_mismatch":
-        return Problem(path, value, "expected" + (_described(info) or f" a string matching {ctx.get('pattern')}"), line)
+        wanted = info.description if info is not None and info.description else f"a string matching {ctx.get('pattern')}"
+        return Problem(path, value, f"expected {wanted}")
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return Problem(path, value, "expected a mapping (key: value lines)" + _described(info), line)
+        return Problem(path, value, "expected a mapping (key: value lines)" + _described(info))
     if kind in ("list_type", "tuple_type"):
-        return Problem(path, value, "expected a list" + _described(info), line)
+        return Problem(path, value, "expected a list" + _described(info))
     if kind == "value_error":
         message = str(err["msg"]).removeprefix("Value error, ")
         is_model_rule = isinstance(value, dict)
-        return Problem(path, OMIT if is_model_rule else value, message, line)
+        return Problem(path, OMIT if is_model_rule else value, message)
     message = str(err["msg"])
-    return Problem(path, value, "expected " + message[0].lower() + message[1:] if message else "invalid", line)
+    return Problem(path, value, "expected " + message[0].lower() + message[1:] if message else "invalid")
 
 
 def _is_union_tag(part: Any) -> bool:

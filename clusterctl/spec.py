@@ -27,7 +27,7 @@ from pydantic import (
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.modelerrors import validate_located
 from clusterctl.units import parse_count, parse_duration
-from clusterctl.yamlload import Located, apply_overrides, load_yaml
+from clusterctl.yamlload import Located, load_yaml
 
 # --- reusable field types ----------------------------------------------------
 
@@ -375,8 +375,8 @@ def json_schema() -> dict[str, Any]:
 
 def spec_from_located(located: Located, overrides: list[str] | None = None) -> JobSpec:
     """Validate parsed YAML (plus overrides) into a JobSpec or raise ConfigError."""
-    data = apply_overrides(located.data, overrides or [], located.source)
-    spec = validate_located(JobSpec, Located(data, located.lines, located.source))
+    located = located.with_overrides(overrides or [])
+    spec = validate_located(JobSpec, located)
     problems = located.with_lines(_cross_checks(spec))
     if problems:
         raise ConfigError(located.source, problems)

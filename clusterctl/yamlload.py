@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from clusterctl.errors import ConfigError, Problem
+from clusterctl.errors import OMIT, ConfigError, Problem
 
 FieldPath = tuple[str | int, ...]
 
@@ -44,13 +44,21 @@ def parse_path(text: str) -> FieldPath:
 class Located:
     """Parsed YAML data plus the line of every field path (1-based)."""
 
-    def __init__(self, data: Any, lines: dict[FieldPath, int], source: str) -> None:
+    def __init__(
+        self, data: Any, lines: dict[FieldPath, int], source: str, overridden: frozenset[FieldPath] = frozenset()
+    ) -> None:
         self.data = data
         self.lines = lines
         self.source = source
+        self.overridden = overridden
+
+    def is_overridden(self, path: FieldPath) -> bool:
+        return any(path[: len(o)] == o for o in self.overridden)
 
     def line_of(self, path: FieldPath) -> int | None:
-        """The line of the deepest known prefix of `path`."""
+        """The line of the deepest known prefix of `path` (None when set on the command line)."""
+        if self.is_overridden(path):
+            return None
         for end in range(len(path), 0, -1):
             line = self.lines.get(tuple(path[:end]))
             if line is not None:
@@ -59,9 +67,20 @@ class Located:
 
     def with_lines(self, problems: list[Problem]) -> list[Problem]:
         """Fill in each problem's line from its path."""
-        return [
-            Problem(p.path, p.value, p.allowed, p.line or self.line_of(parse_path(p.path)), p.note) for p in problems
-        ]
+        return [self.locate(p) for p in problems]
+
+    def locate(self, problem: Problem) -> Problem:
+        """The problem with its line in the file, or marked as coming from --set."""
+        path = parse_path(problem.path)
+        if self.is_overridden(path):
+            return Problem(problem.path, problem.value, problem.allowed, None, problem.note or "from --set")
+        return Problem(problem.path, problem.value, problem.allowed, problem.line or self.line_of(path), problem.note)
+
+    def with_overrides(self, overrides: list[str]) -> Located:
+        """A copy with `--set FIELD=VALUE` overrides applied."""
+        data = apply_overrides(self.data, overrides, self.source)
+        paths = frozenset(parse_path(item.partition("=")[0].strip()) for item in overrides)
+        return Located(data, self.lines, self.source, self.overridden | paths)
 
 
 def parse_yaml(text: str, source: str) -> Located:
@@ -74,9 +93,11 @@ def parse_yaml(text: str, source: str) -> Located:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         what = exc.problem or exc.context or "malformed YAML"
-        raise ConfigError(source, [Problem("(yaml)", _line_text(text, line), f"{what}; expected valid YAML", line)]) from None
+        near = _line_text(text, line)
+        message = f"malformed YAML: {what}" + (f" near `{near}`" if near else "")
+        raise ConfigError(source, [Problem("", OMIT, message, line)]) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [Problem("(yaml)", str(exc), "expected valid YAML")]) from None
+        raise ConfigError(source, [Problem("", OMIT, f"malformed YAML: {exc}")]) from None
     finally:
         loader.dispose()
     lines: dict[FieldPath, int] = {}
@@ -94,9 +115,11 @@ def load_yaml(path: Path, what: str) -> Located:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(source, [Problem("(file)", str(path), "expected an existing YAML file")]) from None
+        raise ConfigError(source, [Problem("", OMIT, "no such file")]) from None
+    except IsADirectoryError:
+        raise ConfigError(source, [Problem("", OMIT, "is a directory, expected a YAML file")]) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(source, [Problem("(file)", str(path), f"expected a readable UTF-8 file ({exc})")]) from None
+        raise ConfigError(source, [Problem("", OMIT, f"cannot be read as UTF-8 text ({exc})")]) from None
     return parse_yaml(text, source)
 
 
@@ -116,7 +139,7 @@ def _walk(node: yaml.Node, path: FieldPath, lines: dict[FieldPath, int], problem
             line = key_node.start_mark.line + 1
             if key in seen:
                 problems.append(
-                    Problem(format_path(path + (key,)), key, f"each key once (first given on line {seen[key]})", line)
+                    Problem(format_path(path + (key,)), OMIT, f"duplicate key (first given on line {seen[key]})", line)
                 )
                 continue
             seen[key] = line
