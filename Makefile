@@ -1,0 +1,34 @@
+# Two entry points, each doing its own set-up idempotently:
+#   make demo   plan the example job (the main job, on the embedded local site)
+#   make test   the whole test suite (unit, CLI, and real-Slurm tests)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench schema clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	# torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
+	$(BIN)/pip install --quiet --disable-pip-version-check 'torch==2.13.0' numpy
+	# Megatron-Core serves as the reference for rank groups (tests only).
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps 'megatron-core==0.16.1'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/clusterctl plan examples/quickstart.yaml
+	$(BIN)/clusterctl plan examples/llama-70b.yaml --site dgx-h100
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/plan_scale.py
+
+schema: $(STAMP)
+	$(BIN)/clusterctl schema > clusterctl/job.schema.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
