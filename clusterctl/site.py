@@ -134,6 +134,7 @@ class Site(Section):
     templates: str | None = Field(None, description="directory of templates overriding the shipped ones")
     oversubscribe: bool = Field(False, description="emulated GPUs may share CPUs (local and test sites)")
     runs_root: str | None = None
+    python: str | None = Field(None, description="interpreter on the compute nodes (default: the submitting one)")
     gres: Literal["gpus-per-node", "gres", "none"] = Field(
         "gpus-per-node", description="how GPUs are requested from Slurm"
     )

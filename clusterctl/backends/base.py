@@ -1,0 +1,46 @@
+"""The backend interface: submit a rendered batch script, ask about it, cancel it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Submission:
+    job_id: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    state: str  # Slurm's words: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    reason: str = ""
+    nodes: str = ""
+    exit_code: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED", "RESIZING")
+
+
+class Backend(ABC):
+    name: str
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise ClusterctlError (exit 69) when the backend cannot take jobs; called before anything is written."""
+
+    @abstractmethod
+    def submit(self, script: Path, workdir: Path) -> Submission:
+        """Submit the batch script; raise ClusterctlError with the scheduler's own reason."""
+
+    @abstractmethod
+    def info(self, job_id: str) -> JobInfo | None:
+        """The job's state, or None when the scheduler no longer knows it."""
+
+    @abstractmethod
+    def cancel(self, job_id: str) -> None:
+        """Cancel the job (all its steps)."""

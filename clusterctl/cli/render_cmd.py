@@ -1,0 +1,33 @@
+"""`clusterctl render`: the exact files a submission would write, nothing submitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
+from clusterctl.job import load_job
+from clusterctl.runfiles import write_rendered
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("render")
+    def render(
+        spec: SpecArg,
+        out: Annotated[Path, typer.Option("--output", "-o", help="directory to write job.sbatch, wrapper.sh, run.json")],
+        standalone: Annotated[
+            bool, typer.Option("--standalone", help="scripts that need no clusterctl on the compute nodes")
+        ] = False,
+        site: SiteOpt = None,
+        set_: SetOpt = None,
+    ) -> None:
+        """Render the batch script, rank wrapper and run.json into a directory."""
+        job = load_job(spec, set_ or [], site)
+        written = write_rendered(job, out.resolve(), standalone=standalone)
+        console = Console(highlight=False)
+        for path in written:
+            console.print(f"wrote {path}")
+        console.print(f"submit it with: sbatch {out.resolve() / 'job.sbatch'}")

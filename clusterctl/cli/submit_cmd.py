@@ -1,0 +1,38 @@
+"""`clusterctl submit`: one gang allocation for the whole job."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from clusterctl import rundir
+from clusterctl.backends import BACKENDS
+from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
+from clusterctl.job import load_job
+from clusterctl.submit import submit_job
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("submit")
+    def submit(
+        spec: SpecArg,
+        backend: Annotated[
+            Optional[str], typer.Option("--backend", "-b", help=f"one of {', '.join(BACKENDS)} (default: local for the local site, else slurm)")
+        ] = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="create the run directory but submit nothing")] = False,
+        site: SiteOpt = None,
+        set_: SetOpt = None,
+    ) -> None:
+        """Validate, render into a new run directory, and submit."""
+        job = load_job(spec, set_ or [], site)
+        done = submit_job(job, backend, dry_run=dry_run)
+        console = Console(highlight=False)
+        if done.job_id is None:
+            console.print(f"dry run: nothing submitted; run directory {done.run.path}")
+            console.print(f"the batch script is {done.run.sbatch}")
+            return
+        console.print(f"submitted job {done.job_id} ({done.backend}): {job.plan.world_size} ranks on {job.plan.nodes} nodes")
+        console.print(f"run directory: {done.run.path}")
+        console.print(f"logs: {done.run.path}/slurm-{done.job_id}.out and {done.run.path}/{rundir.ATTEMPT_PREFIX}N/{rundir.LOGS}/")

@@ -1,0 +1,37 @@
+"""Environment variable names: the one place that defines them.
+
+The batch script and the wrapper (bash) and the node side (Python) meet
+through these names; templates receive them from here rather than spelling
+them out.
+"""
+
+from __future__ import annotations
+
+# Set by the batch script for the whole attempt.
+RUN_DIR = "CLUSTERCTL_RUN_DIR"
+ATTEMPT = "CLUSTERCTL_ATTEMPT"
+ATTEMPT_DIR = "CLUSTERCTL_ATTEMPT_DIR"
+TOKEN = "CLUSTERCTL_TOKEN"
+NODES = "CLUSTERCTL_NODES"  # nodes running ranks (allocation minus spares/excluded)
+HOSTFILE = "CLUSTERCTL_HOSTFILE"
+
+# Set by the wrapper for each rank.
+NODE_SLOT = "CLUSTERCTL_NODE_SLOT"
+GPU = "CLUSTERCTL_GPU"  # physical GPU index on the node
+CPUS = "CLUSTERCTL_CPUS"
+NUMA = "CLUSTERCTL_NUMA"
+NIC = "CLUSTERCTL_NIC"
+BIND_TOOL = "CLUSTERCTL_BIND"  # numactl, taskset or none
+COORD_PREFIX = "CLUSTERCTL_"  # + TP_RANK, PP_RANK, DP_RANK, CP_RANK, EP_RANK
+COORDS = ("tp", "cp", "ep", "dp", "pp")
+
+# torch.distributed's own names.
+TORCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+# Local backend: the emulated Slurm.
+LOCAL_STATE = "CLUSTERCTL_LOCAL_STATE"
+
+
+def coord_var(axis: str) -> str:
+    """`tp` -> `CLUSTERCTL_TP_RANK`."""
+    return f"{COORD_PREFIX}{axis.upper()}_RANK"

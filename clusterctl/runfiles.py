@@ -1,0 +1,105 @@
+"""Write a run directory: rendered files, the resolved inputs, a code snapshot.
+
+The directory is assembled under a temporary name and renamed into place,
+so a crash or a rejected submission never leaves a half-made run behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from clusterctl import rundir
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.job import Job
+from clusterctl.render import render_run
+from clusterctl.rundir import RunDir
+
+
+def node_python(job: Job) -> str:
+    """The interpreter ranks run: the site's, else the one running clusterctl (shared filesystems)."""
+    return job.site.python or sys.executable
+
+
+def _write_files(job: Job, target: Path, final: Path, standalone: bool, run_id: str | None) -> list[Path]:
+    rendered = render_run(
+        job.plan, final, python=node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id
+    )
+    written = []
+    for name, content in rendered.files.items():
+        path = target / name
+        path.write_text(content, encoding="utf-8")
+        if name.endswith((".sh", ".sbatch")):
+            path.chmod(0o755)
+        written.append(final / name)
+    spec_doc = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    (target / rundir.SPEC).write_text(yaml.safe_dump(spec_doc, sort_keys=False), encoding="utf-8")
+    shutil.copyfile(job.site_path, target / rundir.SITE)
+    return written
+
+
+def write_rendered(job: Job, out: Path, *, standalone: bool = False) -> list[Path]:
+    """`render -o DIR`: write the files into DIR (created if needed)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClusterctlError(f"cannot create {out}: {exc.strerror}", ExitCode.BAD_CONFIG) from None
+    return _write_files(job, out, out, standalone, None)
+
+
+def runs_root(job: Job) -> Path:
+    root = job.spec.runs_root or job.site.runs_root or "runs"
+    path = Path(os.path.expandvars(root)).expanduser()
+    return path if path.is_absolute() else (Path.cwd() / path)
+
+
+def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None) -> RunDir:
+    """Make `<runs root>/<run id>/` complete, or not at all."""
+    run_id = run_id or rundir.new_run_id(job.spec.name)
+    root = runs_root(job)
+    final = root / run_id
+    tmp = root / f".{run_id}.tmp"
+    try:
+        tmp.mkdir(parents=True)
+        _write_files(job, tmp, final, standalone, run_id)
+        (tmp / rundir.ATTEMPTS).touch()
+        (tmp / rundir.CHECKPOINTS).mkdir()
+        snapshot_code(tmp / rundir.CODE, job.spec_path.parent)
+        RunDir(tmp).write_state(state="rendered", run_id=run_id)
+        os.rename(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ClusterctlError(f"cannot create run directory {final}: {exc}", ExitCode.BAD_CONFIG) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return RunDir(final)
+
+
+def snapshot_code(dest: Path, where: Path) -> None:
+    """Record the git revision and uncommitted diff of the tree the job was submitted from."""
+    dest.mkdir()
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=20, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None:
+        (dest / "revision.txt").write_text(f"not a git repository: {where.resolve()}\n")
+        return
+    revision = git("rev-parse", "HEAD") or "(no commits)\n"
+    (dest / "revision.txt").write_text(f"repository: {top.strip()}\nrevision: {revision.strip()}\n")
+    (dest / "status.txt").write_text(git("status", "--porcelain") or "")
+    (dest / "diff.patch").write_text(git("diff", "HEAD") or "")
