@@ -169,7 +169,6 @@ def render_run(
         "node_type": plan.node_type_name,
         "table": table,
         "visibility_var": VISIBILITY_VAR[node_type.gpu_vendor],
-        "exit_rendezvous": int(ExitCode.RENDEZVOUS_FAILED),
         "tp": layout.tp,
         "cp": layout.cp,
         "dp": layout.dp,

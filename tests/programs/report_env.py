@@ -7,7 +7,7 @@ import sys
 KEYS = [
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "NCCL_IB_HCA", "UCX_NET_DEVICES", "OMP_NUM_THREADS",
-    "SLURMD_NODENAME", "SLURM_PROCID", "SLURM_NODEID", "SLURM_JOB_ID",
+    "SLURMD_NODENAME", "SLURM_PROCID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "USER_VALUE",
 ]
 report = {key: os.environ.get(key) for key in KEYS}
 report.update({k: v for k, v in os.environ.items() if k.startswith("CLUSTERCTL_")})
