@@ -24,12 +24,14 @@ Behaviour is pinned to `scontrol show hostnames` / `scontrol show hostlist`
 
 Where `scontrol` accepts input only to produce nonsense, this module raises
 `HostlistError` instead: unbalanced or nested brackets (`n[1-3` expands to
-`n]` in Slurm), `]` in a name, whitespace or signs inside brackets (`n[1, 2]`
-gives n1 n02), and open ranges (`n[1-]` gives n1). Two deliberate differences
+`n]` in Slurm), `]` in a name, whitespace, signs or other junk inside brackets
+(`n[1, 2]` gives n1 n02, `n[1a-3]` n01 n02 n03), open ranges (`n[1-]` gives
+n1), and bad ranges in any but the last two groups of a name, which Slurm
+silently drops (`n1,a[x]b[1]c[1]` gives just n1). Two deliberate differences
 the other way: any whitespace separates items (Slurm only splits on space and
 tab and keeps a newline inside the name), and a range may hold more than
 Slurm 22.05's 65536 hosts, up to `MAX_HOSTS` in total, so that 100k-node lists
-work. Numbers must fit in 64 bits, as in Slurm.
+work. Numbers in brackets must fit in 64 bits (Slurm silently clips larger ones).
 """
 
 from __future__ import annotations
@@ -50,29 +52,18 @@ _SEPARATORS = frozenset(_WHITESPACE + ",")
 _DIGITS = "0123456789"
 
 # A top-level item: runs of ordinary characters and complete, unnested bracket groups.
-_ITEM = re.compile(r"(?:[^\[\],%s]++|\[[^\[\]]*+\])++" % re.escape(_WHITESPACE))
+_ITEM = re.compile(rf"(?:[^\[\],{re.escape(_WHITESPACE)}]++|\[[^\[\]]*+\])++")
 _GROUP = re.compile(r"\[([^\]]*)\]")
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_BODY = re.compile(r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*+")
+_BAD_NAME_CHAR = re.compile(rf"[\[\],{re.escape(_WHITESPACE)}]")
 
 
 class HostlistError(ValueError):
     """A hostlist expression Slurm would reject, or would read as something else."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Range:
-    lo: int
-    hi: int
-    width: int
-
-    def __len__(self) -> int:
-        return self.hi - self.lo + 1
-
-    def strings(self) -> list[str]:
-        fmt = "%0" + str(self.width) + "d"
-        return [fmt % i for i in range(self.lo, self.hi + 1)]
-
-
+# One range of a bracket group: (lo, hi, width), printed as "%0{width}d".
+_Range = tuple[int, int, int]
 # A parsed item: a literal host name, or (texts, groups) where the hosts are
 # texts[0] + g0 + texts[1] + g1 + ... + texts[k-1] + g(k-1), texts[k] being "".
 _Pattern = tuple[tuple[str, ...], tuple[tuple[_Range, ...], ...]]
@@ -94,25 +85,6 @@ def _bracket_problem(expr: str, pos: int) -> str:
     return f"nested '[' at position {inner} (brackets cannot nest)"
 
 
-def _parse_group(expr: str, item: str, body: str) -> tuple[_Range, ...]:
-    if not body:
-        raise _fail(expr, f"empty brackets '[]' in {item!r}")
-    ranges = []
-    for part in body.split(","):
-        match = _RANGE.fullmatch(part)
-        if match is None:
-            raise _fail(expr, f"{_range_problem(part)} in {item!r}")
-        lo_text, hi_text = match.groups()
-        lo = int(lo_text)
-        hi = lo if hi_text is None else int(hi_text)
-        if hi < lo:
-            raise _fail(expr, f"descending range {part!r} in {item!r}")
-        if hi > _ULONG_MAX:
-            raise _fail(expr, f"number in {part!r} does not fit in 64 bits in {item!r}")
-        ranges.append(_Range(lo, hi, len(lo_text)))
-    return tuple(ranges)
-
-
 def _range_problem(part: str) -> str:
     if not part:
         return "empty element in a range list"
@@ -123,6 +95,26 @@ def _range_problem(part: str) -> str:
     if part.startswith("-"):
         return f"range {part!r} has no lower bound"
     return f"{part!r} is not a number or an N-M range of decimal numbers"
+
+
+def _parse_group(expr: str, item: str, body: str) -> tuple[_Range, ...]:
+    if not body:
+        raise _fail(expr, f"empty brackets '[]' in {item!r}")
+    parts = body.split(",")
+    if _BODY.fullmatch(body) is None:
+        bad = next(p for p in parts if _BODY.fullmatch(p) is None)
+        raise _fail(expr, f"{_range_problem(bad)} in {item!r}")
+    ranges = []
+    for part in parts:
+        lo_text, dash, hi_text = part.partition("-")
+        lo = int(lo_text)
+        hi = int(hi_text) if dash else lo
+        if hi < lo:
+            raise _fail(expr, f"descending range {part!r} in {item!r}")
+        if hi > _ULONG_MAX:
+            raise _fail(expr, f"number in {part!r} does not fit in 64 bits in {item!r}")
+        ranges.append((lo, hi, len(lo_text)))
+    return tuple(ranges)
 
 
 def _parse_item(expr: str, item: str) -> _Item:
@@ -140,8 +132,8 @@ def _parse_item(expr: str, item: str) -> _Item:
     return tuple(texts), groups
 
 
-def _parse(expr: str) -> tuple[list[_Item], int]:
-    """Validate the whole expression and count its hosts without expanding it."""
+def _parse(expr: str) -> list[_Item]:
+    """Validate the whole expression and enforce MAX_HOSTS, without expanding anything."""
     if not isinstance(expr, str):
         raise TypeError(f"hostlist expression must be a str, not {type(expr).__name__}")
     items: list[_Item] = []
@@ -162,11 +154,11 @@ def _parse(expr: str) -> tuple[list[_Item], int]:
         else:
             count = 1
             for group in item[1]:
-                count *= sum(len(r) for r in group)
+                count *= sum(hi - lo + 1 for lo, hi, _ in group)
             total += count
         if total > MAX_HOSTS:
             raise _fail(expr, f"describes more than MAX_HOSTS={MAX_HOSTS} hosts")
-    return items, total
+    return items
 
 
 def _expand_pattern(pattern: _Pattern) -> list[str]:
@@ -174,13 +166,15 @@ def _expand_pattern(pattern: _Pattern) -> list[str]:
     if len(groups) == 1:
         prefix = texts[0].replace("%", "%%")
         names: list[str] = []
-        for r in groups[0]:
-            fmt = prefix + "%0" + str(r.width) + "d"
-            names.extend([fmt % i for i in range(r.lo, r.hi + 1)])
+        for lo, hi, width in groups[0]:
+            fmt = prefix + "%0" + str(width) + "d"
+            names.extend([fmt % i for i in range(lo, hi + 1)])
         return names
-    values = [[s for r in group for s in r.strings()] for group in groups]
+    values = [
+        [f"{i:0{width}d}" for lo, hi, width in group for i in range(lo, hi + 1)] for group in groups
+    ]
     last = len(groups) - 1
-    # Slurm's nesting, slowest first: G(k-1), .., G1, G0, then G(last) fastest.
+    # Slurm's nesting, slowest first: groups[k-2], ..., groups[0], then groups[k-1].
     order = [*range(last - 1, -1, -1), last]
     slot = [order.index(g) for g in range(len(groups))]
     names = []
@@ -200,7 +194,7 @@ def expand(expr: str) -> list[str]:
     which rank. An empty or all-separator expression gives []. Raises
     HostlistError naming the expression and the problem.
     """
-    items, _ = _parse(expr)
+    items = _parse(expr)
     names: list[str] = []
     for item in items:
         if isinstance(item, str):
@@ -217,7 +211,7 @@ def first(expr: str) -> str:
     anything else). The whole expression is still validated, so `first`
     raises exactly when `expand` would, and also when there are no hosts.
     """
-    items, _ = _parse(expr)
+    items = _parse(expr)
     if not items:
         raise _fail(expr, "no hosts in it")
     item = items[0]
@@ -225,9 +219,9 @@ def first(expr: str) -> str:
         return item
     texts, groups = item
     parts = [texts[0]]
-    for group, text in zip(groups, texts[1:]):
-        r = group[0]
-        parts.append("%0*d" % (r.width, r.lo))
+    for group, text in zip(groups, texts[1:], strict=True):
+        lo, _, width = group[0]
+        parts.append(f"{lo:0{width}d}")
         parts.append(text)
     return "".join(parts)
 
@@ -263,11 +257,11 @@ def _check_name(name: object) -> str:
         raise TypeError(f"host names must be str, not {type(name).__name__}")
     if not name:
         raise HostlistError("cannot compress an empty host name")
-    bad = sorted({c for c in name if c in _SEPARATORS or c in "[]"})
+    bad = _BAD_NAME_CHAR.search(name)
     if bad:
         raise HostlistError(
-            f"cannot compress host name {name!r}: it contains {''.join(bad)!r}, "
-            "which a hostlist would read as a separator or bracket"
+            f"cannot compress host name {name!r}: it contains {bad.group()!r}, "
+            "which a hostlist reads as a separator or bracket"
         )
     return name
 
@@ -286,11 +280,13 @@ def compress(names: Iterable[str]) -> str:
     for name in names:
         _check_name(name)
         digits = len(name) - len(name.rstrip(_DIGITS))
-        num = int(name[len(name) - digits:]) if digits else -1
+        num = int(name[len(name) - digits :]) if digits else -1
         if num < 0 or num > _ULONG_MAX:
             runs.append(_Run(name, numbered=False))
             continue
         prefix = name[: len(name) - digits]
+        # Only a neighbour merges, and only if no name's zero padding would
+        # change: n9,n10 -> n[9-10] but n1,n02 -> n[1,02], as Slurm does.
         tail = runs[-1] if runs else None
         if tail is not None and tail.numbered and tail.prefix == prefix and tail.hi == num - 1:
             ok, tail_width, _ = _width_equiv(tail.lo, tail.width, num, digits)
@@ -320,7 +316,7 @@ def compress(names: Iterable[str]) -> str:
 
 
 def _numstr(run: _Run) -> str:
-    text = "%0*d" % (run.width, run.lo)
+    text = f"{run.lo:0{run.width}d}"
     if run.hi > run.lo:
-        text += "-%0*d" % (run.width, run.hi)
+        text += f"-{run.hi:0{run.width}d}"
     return text

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clusterctl.plan import Plan, make_plan
 from clusterctl.site import Site, load_site
-from clusterctl.errors import ConfigError
+from clusterctl.errors import ConfigError, Problem
 from clusterctl.spec import JobSpec, spec_from_located
 from clusterctl.yamlload import load_yaml
 
@@ -39,7 +39,16 @@ def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: st
     located = load_yaml(path, "job spec").with_overrides(overrides or [])
     spec = spec_from_located(located)
     site_ref = _site_ref(spec, path, site)
-    site_obj, site_path = load_site(site_ref)
+    try:
+        site_obj, site_path = load_site(site_ref)
+    except ConfigError as exc:
+        if exc.source != "site":
+            raise  # a problem inside the site file: its own source and lines
+        if site:
+            problems = [Problem("site", p.value, p.allowed, None, "from --site") for p in exc.problems]
+        else:
+            problems = located.with_lines([Problem("site", p.value, p.allowed) for p in exc.problems])
+        raise ConfigError(located.source, problems) from None
     try:
         plan = make_plan(spec, site_obj, source=located.source)
     except ConfigError as exc:

@@ -22,9 +22,9 @@ from clusterctl.yamlload import FieldPath, Located, format_path
 M = TypeVar("M", bound=BaseModel)
 
 
-def validate_located(model: type[M], located: Located) -> M:
-    """Validate `located.data` as `model`; every failure becomes one Problem."""
-    data = located.data
+def validate_located(model: type[M], located: Located, data: Any = None) -> M:
+    """Validate `data` (default: `located.data`) as `model`; every failure becomes one Problem."""
+    data = located.data if data is None else data
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -78,12 +78,19 @@ def _problem(model: type[BaseModel], err: dict[str, Any]) -> Problem:
         return Problem(path, value, "expected a mapping (key: value lines)" + _described(info))
     if kind in ("list_type", "tuple_type"):
         return Problem(path, value, "expected a list" + _described(info))
+    if kind == "string_type":
+        return Problem(path, value, "expected text" + _described(info))
+    if kind in ("too_short", "string_too_short"):
+        least = ctx.get("min_length", 1)
+        what = "character" if kind == "string_too_short" else "item"
+        return Problem(path, value, f"expected at least {least} {what}{'s' if least != 1 else ''}" + _described(info))
+    if kind == "bool_type" or kind == "bool_parsing":
+        return Problem(path, value, "expected true or false" + _described(info))
     if kind == "value_error":
         message = str(err["msg"]).removeprefix("Value error, ")
         is_model_rule = isinstance(value, dict)
         return Problem(path, OMIT if is_model_rule else value, message)
-    message = str(err["msg"])
-    return Problem(path, value, "expected " + message[0].lower() + message[1:] if message else "invalid")
+    return Problem(path, value, str(err["msg"]) or "invalid")
 
 
 def _is_union_tag(part: Any) -> bool:

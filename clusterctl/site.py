@@ -21,6 +21,7 @@ from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.modelerrors import validate_located
 from clusterctl.shipped import shipped_dir
 from clusterctl.spec import ENV_NAME, EnvValue, NonNegativeInt, PositiveInt
+from clusterctl.units import parse_duration
 from clusterctl.yamlload import Located, load_yaml
 
 DEFAULT_SITE = "local"
@@ -29,7 +30,7 @@ LINUX_EPHEMERAL = (32768, 60999)
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
 
 def _cpus(value: Any) -> str:
@@ -84,7 +85,14 @@ class Partition(Section):
     node_type: str
     nodes: str | None = Field(None, description="hostlist of the partition's nodes, e.g. gpu-[001-128]")
     default: bool = False
-    max_time: str | None = None
+    max_time: str | None = Field(None, description="Slurm MaxTime: 2-00:00:00, 48:00:00, 4h, or minutes")
+
+    @field_validator("max_time")
+    @classmethod
+    def _max_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value, bare_unit=60)
+        return value
 
 
 class Switch(Section):
@@ -124,8 +132,8 @@ class Site(Section):
 
     name: str
     description: str = ""
-    partitions: dict[str, Partition] = Field(min_length=1)
-    node_types: dict[str, NodeType] = Field(min_length=1)
+    partitions: dict[str, Partition] = Field(min_length=1, description="the Slurm partitions jobs may use, by name")
+    node_types: dict[str, NodeType] = Field(min_length=1, description="the kinds of GPU node, by name")
     topology: Topology = Field(default_factory=Topology)
     network: Network = Field(default_factory=Network)
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment for every rank (NCCL/UCX)")

@@ -26,7 +26,7 @@ from pydantic import (
 
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.modelerrors import validate_located
-from clusterctl.units import parse_count, parse_duration
+from clusterctl.units import format_duration, parse_count, parse_duration
 from clusterctl.yamlload import Located, load_yaml
 
 # --- reusable field types ----------------------------------------------------
@@ -77,7 +77,8 @@ DEFAULT_PREFLIGHT = ("gpu", "nic", "cpu", "memory", "dirs", "shared_fs")
 class Section(BaseModel):
     """Base for every spec section: unknown keys are errors, values are frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # Numbers given where text is expected (argv items, names) are taken as text.
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
 
 def _env_value(value: Any) -> str:
@@ -92,13 +93,11 @@ def _env_value(value: Any) -> str:
 
 
 EnvValue = Annotated[str, PlainValidator(_env_value), WithJsonSchema({"type": ["string", "number", "boolean"]})]
-
-
-def _check_env_names(env: dict[str, str]) -> dict[str, str]:
-    for key in env:
-        if not ENV_NAME.match(key):
-            raise ValueError(f"'{key}' is not a valid environment variable name (letters, digits, _; not starting with a digit)")
-    return env
+EnvName = Annotated[str, Field(pattern=ENV_NAME.pattern)]
+ENV_DESCRIPTION = (
+    "environment variables (NAME: value); a NAME is an environment variable name: letters, digits and _,"
+    " not starting with a digit"
+)
 
 
 # --- sections ----------------------------------------------------------------
@@ -190,18 +189,28 @@ class Topology(Section):
     switches: PositiveInt | None = Field(None, description="at most this many leaf switches (sbatch --switches)")
     switch_wait: SlurmMinutes | None = Field(None, description="how long to wait for --switches")
     features: list[Annotated[str, Field(pattern=SLURM_WORD.pattern)]] = Field(
-        default_factory=list, description="node features, ANDed into --constraint"
+        default_factory=list, description="node features (letters, digits, . _ -), ANDed into --constraint"
     )
     exclude: list[Annotated[str, Field(pattern=HOST_EXPR.pattern)]] = Field(
-        default_factory=list, description="nodes or hostlist expressions never to use"
+        default_factory=list, description="node names or hostlist expressions (gpu-[001-004]) never to use"
     )
     tp_in_nvlink: bool = Field(True, description="require each tensor-parallel group inside one NVLink domain")
     tp_cp_in_nvlink: bool = Field(False, description="also require each tp*cp group inside one NVLink domain")
 
 
+def _interval(value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError("expected a positive whole number of steps, or auto")
+
+
 class Checkpoint(Section):
     dir: str | None = Field(None, description="checkpoint directory (default: <run>/checkpoints); must be shared")
-    interval: PositiveInt | Literal["auto"] = Field(1000, description="steps between saves, or auto (Young/Daly)")
+    interval: Annotated[
+        int | str,
+        PlainValidator(_interval),
+        WithJsonSchema({"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"const": "auto"}]}),
+    ] = Field(1000, description="steps between saves, or auto (Young/Daly)")
     keep: PositiveInt = Field(2, description="committed generations to retain")
     async_: bool = Field(False, alias="async", description="save in the background while training continues")
 
@@ -235,6 +244,9 @@ class Preflight(Section):
         if isinstance(value, str):
             value = [value]
         if isinstance(value, list):
+            unknown = [v for v in value if v not in PREFLIGHT_CHECKS]
+            if unknown:
+                raise ValueError(f"unknown check {unknown[0]!r}; expected some of {', '.join(PREFLIGHT_CHECKS)}")
             return {"checks": list(DEFAULT_PREFLIGHT) + [v for v in value if v not in DEFAULT_PREFLIGHT]}
         return value
 
@@ -256,7 +268,9 @@ class Rendezvous(Section):
         None, description="[low, high] for MASTER_PORT (default: the site's)"
     )
     interface: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]+$")] | None = Field(
-        None, description="network interface to resolve the master address through (default: the site's)"
+        None,
+        description="network interface (letters, digits, . _ : -) to resolve the master address through"
+        " (default: the site's)",
     )
     timeout: Seconds = Field(300, description="time for every rank to register")
 
@@ -298,7 +312,7 @@ class JobSpec(Section):
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
-        populate_by_name=True,
+        coerce_numbers_to_str=True,
         title="clusterctl job spec",
         json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
     )
@@ -308,9 +322,11 @@ class JobSpec(Section):
     )
     site: Annotated[str, Field(min_length=1)] = Field("local", description="site config name or path")
     partition: Annotated[str, Field(pattern=SLURM_WORD.pattern)] | None = Field(
-        None, description="Slurm partition (default: the site's default partition)"
+        None, description="Slurm partition: letters, digits, . _ - (default: the site's default partition)"
     )
-    account: Annotated[str, Field(pattern=SLURM_WORD.pattern)] | None = None
+    account: Annotated[str, Field(pattern=SLURM_WORD.pattern)] | None = Field(
+        None, description="Slurm account: letters, digits, . _ -"
+    )
     nodes: PositiveInt | None = Field(None, description="nodes running ranks (derived from the parallel dims)")
     gpus_per_node: PositiveInt | None = Field(None, description="ranks per node (default: the node type's GPUs)")
     spares: NonNegativeInt = Field(0, description="extra nodes allocated to replace failing ones")
@@ -337,20 +353,15 @@ class JobSpec(Section):
     rendezvous: Rendezvous = Field(default_factory=Rendezvous)
     container: Container = Field(default_factory=Container)
     modules: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+/@-]*$")]] = Field(
-        default_factory=list, description="environment modules to load (module load ...)"
+        default_factory=list, description="environment modules to load: letters, digits, . _ + / @ -"
     )
-    env: Annotated[dict[str, EnvValue], BeforeValidator(lambda v: v if v is not None else {})] = Field(
-        default_factory=dict, description="environment for every rank"
+    env: Annotated[dict[EnvName, EnvValue], BeforeValidator(lambda v: v if v is not None else {})] = Field(
+        default_factory=dict, description=ENV_DESCRIPTION
     )
-    command: Annotated[list[Annotated[str, Field(min_length=1)]], BeforeValidator(_command)] | None = Field(
-        None, description="what each rank runs: an argv list, or a string split like a shell"
-    )
+    command: Annotated[
+        list[Annotated[str, Field(min_length=1)]], Field(min_length=1), BeforeValidator(_command)
+    ] | None = Field(None, description="what each rank runs: an argv list, or a string split like a shell")
     runs_root: str | None = Field(None, description="where run directories go (default: the site's)")
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        return _check_env_names(value)
 
 
 
@@ -359,7 +370,12 @@ def _cross_checks(spec: JobSpec) -> list[Problem]:
     problems = []
     if spec.signal.lead_s >= spec.time_limit:
         problems.append(
-            Problem("signal.lead_s", spec.signal.lead_s, f"expected fewer seconds than time_limit ({spec.time_limit}s)")
+            Problem(
+                "time_limit",
+                format_duration(spec.time_limit),
+                f"expected more than signal.lead_s = {spec.signal.lead_s} s (the pre-timeout warning);"
+                " raise time_limit or lower signal.lead_s",
+            )
         )
     if spec.hybrid_shard_group is not None and spec.sharding != "hybrid_shard":
         problems.append(
@@ -369,14 +385,35 @@ def _cross_checks(spec: JobSpec) -> list[Problem]:
 
 
 def json_schema() -> dict[str, Any]:
-    """The published JSON Schema of job.yaml (for editors and CI checks)."""
-    return JobSpec.model_json_schema(by_alias=True)
+    """The published JSON Schema of job.yaml (for editors and CI checks).
+
+    Adds what pydantic cannot see: the shorthands accepted before validation
+    (`precision: bf16`, `preflight: comm`, `command: "python train.py"`).
+    """
+    schema = JobSpec.model_json_schema(by_alias=True)
+    props = schema["properties"]
+    dtypes = list(Dtype.__args__)  # type: ignore[attr-defined]
+    props["precision"] = {
+        "anyOf": [{"enum": dtypes, "description": "compute dtype shorthand"}, {"$ref": "#/$defs/Precision"}],
+        "description": "bf16, fp16, fp32, fp8, or the dtypes of each part",
+    }
+    check = {"enum": list(PREFLIGHT_CHECKS)}
+    props["preflight"] = {
+        "anyOf": [check, {"type": "array", "items": check}, {"$ref": "#/$defs/Preflight"}],
+        "description": "checks added to the defaults, or the full settings",
+    }
+    command = props["command"]
+    props["command"] = {
+        "anyOf": [{"type": "string", "minLength": 1}, *command.get("anyOf", [command])],
+        "description": command.get("description", ""),
+    }
+    return schema
 
 
 def spec_from_located(located: Located, overrides: list[str] | None = None) -> JobSpec:
     """Validate parsed YAML (plus overrides) into a JobSpec or raise ConfigError."""
     located = located.with_overrides(overrides or [])
-    spec = validate_located(JobSpec, located)
+    spec = validate_located(JobSpec, located, data=located.as_written(("env", "command")))
     problems = located.with_lines(_cross_checks(spec))
     if problems:
         raise ConfigError(located.source, problems)

@@ -30,12 +30,12 @@ def format_path(path: FieldPath) -> str:
 
 
 def parse_path(text: str) -> FieldPath:
-    """Inverse of format_path: `gpus[0].nics` -> `('gpus', 0, 'nics')`."""
+    """Inverse of format_path: `gpus[0].nics` or `gpus.0.nics` -> `('gpus', 0, 'nics')`."""
     parts: list[str | int] = []
     for chunk in text.replace("]", "").split("."):
         name, _, index = chunk.partition("[")
         if name:
-            parts.append(name)
+            parts.append(int(name) if name.isdigit() else name)
         if index.isdigit():
             parts.append(int(index))
     return tuple(parts)
@@ -45,12 +45,19 @@ class Located:
     """Parsed YAML data plus the line of every field path (1-based)."""
 
     def __init__(
-        self, data: Any, lines: dict[FieldPath, int], source: str, overridden: frozenset[FieldPath] = frozenset()
+        self,
+        data: Any,
+        lines: dict[FieldPath, int],
+        source: str,
+        overridden: frozenset[FieldPath] = frozenset(),
+        raw: dict[FieldPath, str] | None = None,
     ) -> None:
         self.data = data
         self.lines = lines
         self.source = source
         self.overridden = overridden
+        self.raw = raw or {}
+        """Unquoted scalars that YAML turned into numbers or booleans, as written (`010`, `0x1F`, `yes`)."""
 
     def is_overridden(self, path: FieldPath) -> bool:
         return any(path[: len(o)] == o for o in self.overridden)
@@ -79,8 +86,24 @@ class Located:
     def with_overrides(self, overrides: list[str]) -> Located:
         """A copy with `--set FIELD=VALUE` overrides applied."""
         data = apply_overrides(self.data, overrides, self.source)
+        raw = dict(self.raw)
+        for item in overrides:
+            key, _, value = item.partition("=")
+            raw[parse_path(key.strip())] = value.strip()
         paths = frozenset(parse_path(item.partition("=")[0].strip()) for item in overrides)
-        return Located(data, self.lines, self.source, self.overridden | paths)
+        return Located(data, self.lines, self.source, self.overridden | paths, raw)
+
+    def as_written(self, prefixes: tuple[str, ...]) -> Any:
+        """The data with scalars under `prefixes` restored to their text as written.
+
+        Environment values and argv items are text: `A: 010` means "010", not
+        the 8 that YAML 1.1 reads.
+        """
+        data = copy.deepcopy(self.data)
+        for path, text in self.raw.items():
+            if len(path) == 2 and path[0] in prefixes:
+                _set_if_scalar(data, path, text)
+        return data
 
 
 def parse_yaml(text: str, source: str) -> Located:
@@ -101,12 +124,14 @@ def parse_yaml(text: str, source: str) -> Located:
     finally:
         loader.dispose()
     lines: dict[FieldPath, int] = {}
+    raw: dict[FieldPath, str] = {}
     problems: list[Problem] = []
     if node is not None:
-        _walk(node, (), lines, problems)
+        _check_aliases(node, source)
+        _walk(node, (), lines, raw, problems, set())
     if problems:
         raise ConfigError(source, problems)
-    return Located(data, lines, source)
+    return Located(data, lines, source, raw=raw)
 
 
 def load_yaml(path: Path, what: str) -> Located:
@@ -123,6 +148,21 @@ def load_yaml(path: Path, what: str) -> Located:
     return parse_yaml(text, source)
 
 
+def _set_if_scalar(data: Any, path: FieldPath, text: str) -> None:
+    target = data
+    for part in path[:-1]:
+        try:
+            target = target[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    try:
+        current = target[path[-1]]
+    except (KeyError, IndexError, TypeError):
+        return
+    if isinstance(current, (int, float, bool)):
+        target[path[-1]] = text
+
+
 def _line_text(text: str, line: int | None) -> str:
     if line is None:
         return ""
@@ -130,8 +170,57 @@ def _line_text(text: str, line: int | None) -> str:
     return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
 
-def _walk(node: yaml.Node, path: FieldPath, lines: dict[FieldPath, int], problems: list[Problem]) -> None:
+MAX_EXPANDED_NODES = 100_000
+
+
+def _check_aliases(root: yaml.Node, source: str) -> None:
+    """Reject recursive aliases and alias bombs before anything walks the expanded tree."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise ConfigError(
+                source, [Problem("", OMIT, "a YAML alias refers to a node that contains it", node.start_mark.line + 1)]
+            )
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        active.discard(key)
+        sizes[key] = min(total, MAX_EXPANDED_NODES + 1)
+        return sizes[key]
+
+    if size(root) > MAX_EXPANDED_NODES:
+        raise ConfigError(
+            source, [Problem("", OMIT, f"the document expands to more than {MAX_EXPANDED_NODES} values through aliases")]
+        )
+
+
+_PLAIN_NON_TEXT = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")
+
+
+def _walk(
+    node: yaml.Node,
+    path: FieldPath,
+    lines: dict[FieldPath, int],
+    raw: dict[FieldPath, str],
+    problems: list[Problem],
+    seen_nodes: set[int],
+) -> None:
     lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.ScalarNode):
+        if node.style is None and node.tag in _PLAIN_NON_TEXT:
+            raw[path] = node.value
+        return
+    if id(node) in seen_nodes:
+        return  # an alias of a node already walked: its lines are known
+    seen_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
@@ -144,10 +233,10 @@ def _walk(node: yaml.Node, path: FieldPath, lines: dict[FieldPath, int], problem
                 continue
             seen[key] = line
             lines[path + (key,)] = line
-            _walk(value_node, path + (key,), lines, problems)
+            _walk(value_node, path + (key,), lines, raw, problems, seen_nodes)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _walk(item, path + (index,), lines, problems)
+            _walk(item, path + (index,), lines, raw, problems, seen_nodes)
 
 
 def apply_overrides(data: Any, overrides: list[str], source: str) -> Any:
@@ -182,7 +271,8 @@ def _descend(target: Any, part: str, walked: list[str], item: str, source: str) 
         index = _index(target, part, item, source)
         return target[index]
     if not isinstance(target, dict):
-        raise ConfigError(source, [Problem("--set", item, f"'{'.'.join(walked[:-1])}' is not a mapping")])
+        parent = ".".join(walked[:-1]) or "(top level)"
+        raise ConfigError(source, [Problem("--set", item, f"'{parent}' holds {type(target).__name__}, not fields")])
     if target.get(part) is None:
         target[part] = {}
     return target[part]
@@ -194,7 +284,8 @@ def _assign(target: Any, part: str, value: Any, item: str, source: str) -> None:
     elif isinstance(target, dict):
         target[part] = value
     else:
-        raise ConfigError(source, [Problem("--set", item, "the parent field is not a mapping or list")])
+        parent = item.partition("=")[0].rpartition(".")[0] or "(top level)"
+        raise ConfigError(source, [Problem("--set", item, f"'{parent}' holds {type(target).__name__}, not fields")])
 
 
 def _index(target: list[Any], part: str, item: str, source: str) -> int:

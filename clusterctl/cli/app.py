@@ -7,16 +7,23 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 from typer.core import TyperGroup
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import BUG_REPORT_HINT, ExitCode
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+
+def out_console() -> Console:
+    """Standard output; markup off because messages carry user values such as `gpu-[001-004]`."""
+    return Console(highlight=False, markup=False)
 
 
 def report_error(exc: ClusterctlError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc.message}", markup=True)
+    # Messages quote user input verbatim: never let rich read them as markup.
+    err_console.print(Text.assemble(("error: ", "bold red"), exc.message))
 
 
 class ErrorHandlingGroup(TyperGroup):
@@ -34,7 +41,7 @@ class ErrorHandlingGroup(TyperGroup):
         except Exception as exc:  # noqa: BLE001 - last line of defence
             if isinstance(exc, typer.Abort) or getattr(exc, "exit_code", None) is not None:
                 raise  # the CLI framework's own usage errors and exits
-            err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", markup=True)
+            err_console.print(Text.assemble(("internal error: ", "bold red"), f"{type(exc).__name__}: {exc}"))
             err_console.print(BUG_REPORT_HINT)
             if "--debug" in sys.argv:
                 raise

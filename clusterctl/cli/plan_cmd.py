@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
+from clusterctl.cli.app import out_console
 
 from clusterctl.cli.options import JsonOpt, SetOpt, SiteOpt, SpecArg
 from clusterctl.cli.plan_view import render_plan
@@ -20,4 +20,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(job.plan.as_json(), separators=(",", ":")))
             return
-        render_plan(job.plan, Console(highlight=False))
+        render_plan(job.plan, out_console())

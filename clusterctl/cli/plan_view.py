@@ -191,4 +191,4 @@ def render_plan(plan: Plan, console: Console) -> None:
     if verdict is not None:
         console.print(verdict)
     for warning in plan.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(Text.assemble(("warning: ", "yellow"), warning))

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from clusterctl.cli.app import out_console
 
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.job import load_job
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         """Render the batch script, rank wrapper and run.json into a directory."""
         job = load_job(spec, set_ or [], site)
         written = write_rendered(job, out.resolve(), standalone=standalone)
-        console = Console(highlight=False)
+        console = out_console()
         for path in written:
             console.print(f"wrote {path}")
         console.print(f"submit it with: sbatch {out.resolve() / 'job.sbatch'}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-
-from clusterctl.cli.app import new_app
+from clusterctl.cli.app import new_app, out_console
 from clusterctl.site import load_site
 
 site_app = new_app("Site configs: validate them.")
@@ -15,7 +13,7 @@ def validate(site: str) -> None:
     """Check a site config (name or path): rail map, CPU sets, topology, network."""
     loaded, path = load_site(site)
     gpus = sum(len(nt.gpus) for nt in loaded.node_types.values())
-    Console(highlight=False).print(
-        f"[green]ok[/]: site {loaded.name} ({path}): {len(loaded.partitions)} partition(s), "
+    out_console().print(
+        f"ok: site {loaded.name} ({path}): {len(loaded.partitions)} partition(s), "
         f"{len(loaded.node_types)} node type(s), {gpus} GPU slot(s) described"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
+from clusterctl.cli.app import out_console
 
 from clusterctl import rundir
 from clusterctl.backends import BACKENDS
@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         """Validate, render into a new run directory, and submit."""
         job = load_job(spec, set_ or [], site)
         done = submit_job(job, backend, dry_run=dry_run)
-        console = Console(highlight=False)
+        console = out_console()
         if done.job_id is None:
             console.print(f"dry run: nothing submitted; run directory {done.run.path}")
             console.print(f"the batch script is {done.run.sbatch}")

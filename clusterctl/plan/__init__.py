@@ -17,7 +17,7 @@ from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
 from clusterctl.site import NodeType, Site, known_nodes
 from clusterctl.spec import JobSpec
-from clusterctl.units import parse_duration
+from clusterctl.units import format_duration, parse_duration
 
 
 @dataclass(frozen=True)
@@ -174,14 +174,12 @@ def _resolve_dims(spec: JobSpec, node_type: NodeType, problems: list[Problem]) -
     if par.dp is not None:
         world = model_parallel * par.dp
         if spec.nodes is not None and spec.nodes * gpn != world:
-            problems.append(
-                Problem(
-                    "nodes",
-                    spec.nodes,
-                    f"expected {world / gpn:g} nodes: world size tp*cp*dp*pp = {par.tp}*{par.cp}*{par.dp}*{par.pp}"
-                    f" = {world} ranks at {gpn} per node (or omit nodes, or omit parallel.dp)",
-                )
-            )
+            formula = f"tp*cp*dp*pp = {par.tp}*{par.cp}*{par.dp}*{par.pp} = {world} ranks"
+            if world % gpn:
+                allowed = f"{formula}, which is not a multiple of {gpn} GPUs per node; change parallel.dp or gpus_per_node"
+            else:
+                allowed = f"expected {world // gpn} nodes: {formula} at {gpn} per node (or omit nodes, or omit parallel.dp)"
+            problems.append(Problem("nodes", spec.nodes, allowed))
             return None
         if world % gpn:
             problems.append(
@@ -215,7 +213,8 @@ def _resolve_dims(spec: JobSpec, node_type: NodeType, problems: list[Problem]) -
                     Problem(
                         "nodes",
                         nodes,
-                        f"{nodes} nodes x {gpn} GPUs = {ranks} ranks, not a multiple of tp*cp*pp = {model_parallel};"
+                        f"{nodes} node{'s' if nodes != 1 else ''} x {gpn} GPUs = {ranks} ranks, not a multiple of"
+                        f" tp*cp*pp = {model_parallel};"
                         " expected a node count that makes dp whole",
                     )
                 )
@@ -281,7 +280,11 @@ def _partition_problems(spec: JobSpec, site: Site, partition: str, dims: Dims, w
         limit = parse_duration(part.max_time, bare_unit=60)
         if spec.time_limit > limit:
             problems.append(
-                Problem("time_limit", spec.time_limit, f"expected at most partition {partition}'s limit {part.max_time}")
+                Problem(
+                    "time_limit",
+                    format_duration(spec.time_limit),
+                    f"expected at most partition {partition}'s limit {part.max_time} ({format_duration(limit)})",
+                )
             )
     known = known_nodes(site)
     if known is not None:
