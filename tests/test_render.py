@@ -97,7 +97,7 @@ def test_sbatch_is_one_gang_allocation(tmp_path: Path) -> None:
     assert "--cpus-per-task=28" in directives
     assert "export SRUN_CPUS_PER_TASK=$CPUS_PER_TASK" in sbatch
     srun = sbatch[sbatch.index("\nsrun ") :]
-    for flag in ("--label", "--kill-on-bad-exit=1", "--wait=", "--distribution=block:block", "/%N.log"):
+    for flag in ("--label", "--kill-on-bad-exit=1", "--wait=", "--distribution=block:block", "/node-%n.log"):
         assert flag in srun
     assert sbatch.count("\nsrun ") == 1  # one launch of all ranks
 

@@ -1,0 +1,164 @@
+"""`clusterctl submit` on the real Slurm test cluster (tests/slurmlab).
+
+A 2-node x 2-task job whose ranks report their environment and affinity;
+each must equal the plan. Plus --switches placement and the error paths:
+no sbatch, Slurm refusing the job, an unreachable controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.backends.slurm import SlurmBackend
+from clusterctl.binding import binding_table, rank_env
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.job import load_job
+from clusterctl.rundir import RunDir
+from clusterctl.submit import submit_job
+
+pytestmark = pytest.mark.slurm
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "tests" / "programs" / "report_env.py"
+
+
+def lab_spec(tmp_path: Path, **extra: object) -> Path:
+    spec = {
+        "name": "lab-env",
+        "site": "slurm-lab",
+        "time_limit": "5m",
+        "nodes": 2,
+        "gpus_per_node": 2,
+        "parallel": {"tp": 2},
+        "signal": {"lead_s": 60},
+        "runs_root": str(tmp_path / "runs"),
+        "command": ["python3", str(REPORT), "arg with space"],
+        **extra,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.fixture
+def lab_env(slurm_lab, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN201
+    monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
+    return slurm_lab
+
+
+def wait_done(job_id: str, timeout: float = 60) -> object:
+    backend = SlurmBackend()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = backend.info(job_id)
+        if info is not None and info.finished:
+            return info
+        time.sleep(0.3)
+    backend.cancel(job_id)
+    raise AssertionError(f"job {job_id} did not finish within {timeout} s")
+
+
+def reports(run: RunDir, attempt: int = 1) -> dict[int, dict]:
+    return {
+        int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in run.attempt(attempt).glob("report-*.json")
+    }
+
+
+def test_each_rank_gets_what_the_plan_says(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
+    job = load_job(lab_spec(tmp_path))
+    done = submit_job(job, "slurm")
+    info = wait_done(done.job_id)
+    run = done.run
+    assert info.state == "COMPLETED", (info, (run.path / f"slurm-{done.job_id}.out").read_text())
+    attempt = json.loads((run.attempt(1) / "attempt.json").read_text())
+    got = reports(run)
+    assert sorted(got) == [0, 1, 2, 3]
+    plan = job.plan
+    table = binding_table(plan.node_type)
+    for rank, report in got.items():
+        # Slurm's --gpus-per-node=2 shows each task GPUs 0,1; the rank takes entry LOCAL_RANK.
+        expected = rank_env(plan.dims.layout, 2, table, "emulated", rank, visible=[0, 1], physical=[0, 1])
+        for key, value in expected.items():
+            assert report.get(key) == value, (rank, key, report)
+        assert report["SLURMD_NODENAME"] == attempt["hosts"][rank // 2]
+        assert report["MASTER_ADDR"] == "127.0.0.1" == attempt["master_addr"]
+        assert report["MASTER_PORT"] == str(attempt["master_port"])
+        assert report["NCCL_IB_HCA"] == f"=mlx5_{rank % 2}:1"
+        assert report["affinity"] == [int(expected["CLUSTERCTL_CPUS"])]
+        assert report["argv"] == ["arg with space"]
+    assert len(set(attempt["hosts"])) == 2
+    # Per-node logs, every line labelled with its rank.
+    logs = sorted((run.attempt(1) / "logs").glob("*.log"))
+    assert [p.name for p in logs] == ["node-0.log", "node-1.log"]  # by node slot; attempt.json maps slot -> host
+    for slot, log in enumerate(logs):
+        lines = [line for line in log.read_text().splitlines() if line.strip()]
+        ranks = {int(line.split(":", 1)[0]) for line in lines}
+        assert ranks == {2 * slot, 2 * slot + 1}, lines  # srun --label: "<rank>: text"
+        for line in lines:
+            rank = int(line.split(":", 1)[0])
+            assert line.endswith(f"rank {rank} reporting from {attempt['hosts'][slot]}")
+    events = [json.loads(line) for line in (run.path / "attempts.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["start", "end"] and events[-1]["exit"] == 0
+    assert run.read_state()["state"] == "submitted" and run.read_state()["job_id"] == done.job_id
+
+
+def test_switches_keeps_the_job_under_one_leaf(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
+    job = load_job(lab_spec(tmp_path, topology={"switches": 1, "switch_wait": "1m"}, command=["true"]))
+    done = submit_job(job, "slurm")
+    info = wait_done(done.job_id)
+    assert info.state == "COMPLETED"
+    assert info.nodes in ("n[1-2]", "n[3-4]")
+
+
+def test_failing_rank_ends_the_job_with_the_script_code(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
+    script = tmp_path / "fail_rank1.py"
+    script.write_text("import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(3)\ntime.sleep(120)\n")
+    job = load_job(lab_spec(tmp_path, command=["python3", str(script)]))
+    done = submit_job(job, "slurm")
+    started = time.monotonic()
+    info = wait_done(done.job_id, timeout=60)
+    assert time.monotonic() - started < 50  # --kill-on-bad-exit, not the 120 s sleep
+    assert info.state == "FAILED" and info.exit_code == ExitCode.SCRIPT_FAILED
+
+
+def test_no_sbatch_is_exit_69_and_writes_nothing(lab_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("PATH", "/nonexistent")
+    job = load_job(lab_spec(tmp_path))
+    with pytest.raises(ClusterctlError) as err:
+        submit_job(job, "slurm")
+    assert err.value.exit_code == ExitCode.BACKEND_UNAVAILABLE and "sbatch is not on PATH" in err.value.message
+    assert not (tmp_path / "runs").exists()
+
+
+def test_slurm_refusal_names_slurms_reason_and_marks_the_run_failed(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
+    site = (ROOT / "site-configs" / "slurm-lab.yaml").read_text().replace("  gpu:\n", "  nosuchpart:\n")
+    (tmp_path / "site.yaml").write_text(site)
+    job = load_job(lab_spec(tmp_path, site=str(tmp_path / "site.yaml")))
+    with pytest.raises(ClusterctlError) as err:
+        submit_job(job, "slurm")
+    assert err.value.exit_code == ExitCode.BAD_CONFIG
+    assert "Slurm rejected the job" in err.value.message and "partition" in err.value.message.lower()
+    (run_path,) = (tmp_path / "runs").iterdir()
+    state = RunDir(run_path).read_state()
+    assert state["state"] == "failed" and "partition" in state["reason"].lower()
+    assert not list((tmp_path / "runs").glob(".*.tmp"))
+
+
+def test_unreachable_controller_is_exit_69(lab_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    conf = Path(lab_env.conf).read_text()
+    dead = tmp_path / "slurm.conf"
+    dead.write_text("\n".join(
+        "SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line for line in conf.splitlines()
+    ) + "\n")
+    monkeypatch.setenv("SLURM_CONF", str(dead))
+    job = load_job(lab_spec(tmp_path))
+    with pytest.raises(ClusterctlError) as err:
+        submit_job(job, "slurm")
+    assert err.value.exit_code == ExitCode.BACKEND_UNAVAILABLE
+    (run_path,) = (tmp_path / "runs").iterdir()
+    assert RunDir(run_path).read_state()["state"] == "failed"

@@ -1,0 +1,130 @@
+"""The Slurm test cluster itself: multi-node launch, fake GPUs, topology and
+signals to the batch shell behave like on a real site."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurmlab.plugin import SlurmLab, wait_job
+
+pytestmark = pytest.mark.slurm
+
+LEAVES = ({"n1", "n2"}, {"n3", "n4"})
+
+
+def hostnames(lab: SlurmLab, nodelist: str) -> set[str]:
+    out = lab.run(["scontrol", "show", "hostnames", nodelist]).stdout
+    return set(out.split())
+
+
+def write_script(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_multinode_tasks_see_rank_node_and_gpus(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    script = write_script(
+        tmp_path / "job.sh",
+        """#!/bin/bash
+#SBATCH --job-name=lab-ranks
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gpus-per-node=2
+#SBATCH --time=2
+srun bash -c 'echo "task rank=$SLURM_PROCID node=$SLURM_NODEID host=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES"'
+""",
+    )
+    out = tmp_path / "job.out"
+    job = slurm_lab.sbatch(f"--chdir={tmp_path}", f"--output={out}", str(script))
+    result = wait_job(slurm_lab, job, timeout=30)
+    text = out.read_text() if out.exists() else "(no output file)"
+    assert (result.state, result.exit_code) == ("COMPLETED", 0), text
+
+    tasks = []
+    for line in text.splitlines():
+        if line.startswith("task "):
+            tasks.append(dict(kv.split("=", 1) for kv in line.split()[1:]))
+    assert len(tasks) == 4, text
+    assert sorted(int(t["rank"]) for t in tasks) == [0, 1, 2, 3]
+
+    by_host: dict[str, list[dict[str, str]]] = {}
+    for t in tasks:
+        by_host.setdefault(t["host"], []).append(t)
+    assert len(by_host) == 2, text
+    assert all(len(ts) == 2 for ts in by_host.values()), text
+    assert by_host.keys() <= {"n1", "n2", "n3", "n4"}
+    # SLURM_NODEID is 0/1 and the same for both tasks of a node.
+    assert sorted({t["node"] for ts in by_host.values() for t in ts}) == ["0", "1"]
+    assert all(len({t["node"] for t in ts}) == 1 for ts in by_host.values())
+    # Each task sees the node's two allocated fake GPUs.
+    for t in tasks:
+        assert len(t["gpus"].split(",")) == 2, text
+
+
+def test_switches_keeps_job_on_one_leaf(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    # Hold n2, so that a topology-blind choice of two free nodes could span
+    # both leaves (n1 + n3); --switches=1 must pick n3 and n4.
+    blocker = slurm_lab.sbatch(
+        "--exclusive", "-w", "n2", f"--chdir={tmp_path}", "--output=/dev/null",
+        "--wrap", "sleep 60",
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while slurm_lab.show_job(blocker).get("JobState") != "RUNNING":
+            assert time.monotonic() < deadline, slurm_lab.show_job(blocker)
+            time.sleep(0.2)
+
+        job = slurm_lab.sbatch(
+            "--nodes=2", "--switches=1", f"--chdir={tmp_path}",
+            f"--output={tmp_path / 'sw.out'}", "--wrap", "srun hostname",
+        )
+        result = wait_job(slurm_lab, job, timeout=30)
+        assert (result.state, result.exit_code) == ("COMPLETED", 0), result
+        nodes = hostnames(slurm_lab, result.nodes or slurm_lab.show_job(job)["NodeList"])
+        assert len(nodes) == 2
+        assert any(nodes <= leaf for leaf in LEAVES), nodes
+        assert nodes == {"n3", "n4"}
+    finally:
+        slurm_lab.run(["scancel", str(blocker)], check=False)
+
+
+def test_scancel_batch_signal_reaches_trap(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    marker = tmp_path / "got-usr2"
+    script = write_script(
+        tmp_path / "trap.sh",
+        f"""#!/bin/bash
+#SBATCH --nodes=1
+#SBATCH --time=2
+on_usr2() {{
+    echo "USR2 in batch shell" > {marker}
+    kill "$child" 2>/dev/null
+    exit 0
+}}
+trap on_usr2 USR2
+sleep 120 &
+child=$!
+touch {ready}
+# A trap only runs while bash waits, not while a foreground command runs.
+wait "$child"
+exit 7
+""",
+    )
+    job = slurm_lab.sbatch(f"--chdir={tmp_path}", f"--output={tmp_path / 'trap.out'}", str(script))
+
+    deadline = time.monotonic() + 15
+    while not ready.exists():
+        info = slurm_lab.show_job(job)
+        assert info.get("JobState") in ("PENDING", "CONFIGURING", "RUNNING"), info
+        assert time.monotonic() < deadline, info
+        time.sleep(0.1)
+
+    slurm_lab.run(["scancel", "--signal=USR2", "--batch", str(job)])
+    result = wait_job(slurm_lab, job, timeout=20)
+    assert marker.exists(), (tmp_path / "trap.out").read_text()
+    assert marker.read_text().strip() == "USR2 in batch shell"
+    assert (result.state, result.exit_code) == ("COMPLETED", 0), result
