@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench schema clean
+.PHONY: demo test sysdeps bench schema clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ demo: $(STAMP)
 	$(BIN)/clusterctl plan examples/quickstart.yaml
 	$(BIN)/clusterctl plan examples/llama-70b.yaml --site dgx-h100
 
-test: $(STAMP)
+# System tools the tests use: shellcheck for the rendered scripts. The Slurm
+# test cluster installs its own packages (tests/slurmlab/lab.sh install).
+sysdeps:
+	@command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends shellcheck; } \
+	  || echo "warning: could not install shellcheck; its tests will be skipped"
+
+test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
