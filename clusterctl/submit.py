@@ -9,11 +9,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.backends import get_backend
+from clusterctl.backends import Backend, get_backend
 from clusterctl.errors import ClusterctlError
 from clusterctl.job import Job
 from clusterctl.rundir import RunDir
 from clusterctl.runfiles import create_run
+
+
+# Pending reasons that no amount of waiting resolves: the job as asked cannot run here.
+HOPELESS_REASONS = frozenset(
+    {
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionConfig",
+        "BadConstraints",
+        "AccountNotAllowed",
+        "InvalidAccount",
+        "InvalidQOS",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxWallDurationPerJobLimit",
+        "QOSMaxGRESPerJob",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -21,6 +38,7 @@ class Submitted:
     run: RunDir
     job_id: str | None
     backend: str
+    warnings: tuple[str, ...] = ()
 
 
 def default_backend(job: Job) -> str:
@@ -46,4 +64,18 @@ def submit_job(job: Job, backend_name: str | None = None, *, dry_run: bool = Fal
         run.write_state(state="failed", backend=name, reason=f"{type(exc).__name__}: {exc}")
         raise
     run.write_state(state="submitted", backend=name, job_id=submission.job_id)
-    return Submitted(run, submission.job_id, name)
+    return Submitted(run, submission.job_id, name, tuple(_first_look(backend, submission.job_id)))
+
+
+def _first_look(backend: Backend, job_id: str) -> list[str]:
+    """Warn when the scheduler has already said the job will never start as asked."""
+    try:
+        info = backend.info(job_id)
+    except ClusterctlError:
+        return []
+    if info is not None and info.state == "PENDING" and info.reason in HOPELESS_REASONS:
+        return [
+            f"job {job_id} is pending with reason {info.reason}: Slurm will not start it as asked"
+            f" (cancel it with scancel {job_id} and change the spec)"
+        ]
+    return []

@@ -162,3 +162,16 @@ def test_unreachable_controller_is_exit_69(lab_env, tmp_path: Path, monkeypatch:
     assert err.value.exit_code == ExitCode.BACKEND_UNAVAILABLE
     (run_path,) = (tmp_path / "runs").iterdir()
     assert RunDir(run_path).read_state()["state"] == "failed"
+
+
+def test_a_job_slurm_will_never_start_is_flagged(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
+    """More nodes than the partition has: sbatch accepts it and it pends forever (PartitionConfig on 22.05)."""
+    site = (ROOT / "site-configs" / "slurm-lab.yaml").read_text().replace("nodes: n[1-4]", "nodes: n[1-8]")
+    (tmp_path / "site.yaml").write_text(site)
+    job = load_job(lab_spec(tmp_path, site=str(tmp_path / "site.yaml"), nodes=6, command=["true"]))
+    done = submit_job(job, "slurm")
+    try:
+        (warning,) = done.warnings
+        assert "pending with reason Partition" in warning and "will not start it" in warning
+    finally:
+        SlurmBackend().cancel(done.job_id)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from clusterctl.cli.app import out_console
+from rich.text import Text
 
 from clusterctl import rundir
 from clusterctl.backends import BACKENDS
+from clusterctl.cli.app import out_console
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.job import load_job
 from clusterctl.submit import submit_job
@@ -36,3 +37,5 @@ def register(app: typer.Typer) -> None:
         console.print(f"submitted job {done.job_id} ({done.backend}): {job.plan.world_size} ranks on {job.plan.nodes} nodes")
         console.print(f"run directory: {done.run.path}")
         console.print(f"logs: {done.run.path}/slurm-{done.job_id}.out and {done.run.path}/{rundir.ATTEMPT_PREFIX}N/{rundir.LOGS}/")
+        for warning in done.warnings:
+            console.print(Text.assemble(("warning: ", "yellow"), warning))
