@@ -26,6 +26,7 @@ class GpuBinding:
     ncpus: int
     numa: int
     nics: str  # comma-separated NIC names, best first
+    nic_kinds: str  # their kinds (ib, roce, ethernet, ...), same order
     nccl_ib_hca: str  # "" when the GPU has no IB/RoCE NIC
     ucx_net_devices: str
 
@@ -49,6 +50,7 @@ def binding_table(node_type: NodeType) -> list[GpuBinding]:
                 ncpus=len(parse_cpulist(gpu.cpus)) if gpu.cpus else 0,
                 numa=gpu.numa if gpu.numa is not None else 0,
                 nics=",".join(gpu.nics),
+                nic_kinds=",".join(nic.kind for nic in nics),
                 # "=" makes NCCL match names exactly: plain mlx5_1 would also match mlx5_10.
                 nccl_ib_hca=("=" + ",".join(hca)) if hca else "",
                 ucx_net_devices=",".join(ucx),

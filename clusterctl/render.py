@@ -74,6 +74,11 @@ def site_templates_dir(plan: Plan, site_path: Path | None) -> Path | None:
     return path
 
 
+def controller_argv(python: str, standalone: bool) -> list[str]:
+    """The batch script's controller command (none in standalone mode: rank 0 hosts the store)."""
+    return [] if standalone else [python, "-m", "clusterctl.runtime.controller"]
+
+
 def launcher_argv(plan: Plan, python: str, standalone: bool) -> list[str]:
     """What the wrapper execs: the user's command, through clusterctl.launch unless standalone."""
     command = list(plan.spec.command or [])
@@ -155,6 +160,7 @@ def render_run(
         "modules": [*site.modules, *spec.modules],
         "site_env": sorted(site.env.items()),
         "srun_extra": srun_extra,
+        "controller_argv": controller_argv(python, standalone),
         "passthrough_codes": [int(c) for c in PASSTHROUGH],
         "fnv_offset": FNV_OFFSET,
         "fnv_prime": FNV_PRIME,

@@ -1,0 +1,246 @@
+"""The controller: one per attempt, on the first node, started by the batch script.
+
+It hosts torch.distributed's TCPStore on the planned port (moving to the next
+free one if taken, and publishing the one it got before any rank starts),
+waits for every rank's registration, judges them (registry.judge), writes
+attempt-N/manifest.json and verdict.json, and tells the ranks the verdict
+through the store. It then keeps hosting the store — the ranks' process
+group uses it — until the batch script says the ranks are done (SIGTERM),
+and exits with the attempt's verdict code.
+
+    python -m clusterctl.runtime.controller --attempt-dir DIR --port PORT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from clusterctl import envnames, rundir
+from clusterctl.exitcodes import ExitCode
+from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
+from clusterctl.rundir import write_json_atomic
+from clusterctl.runtime import registry
+from clusterctl.runtime.preflight import write_shared_marker
+
+READY = "controller.json"
+POLL_S = 0.02
+BIND_TRIES = 64
+MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} clusterctl controller: {message}", flush=True)
+
+
+def bind_store(port: int, port_range: tuple[int, int], world: int, timeout_s: float):  # noqa: ANN201 - torch type
+    """Host the TCPStore on `port`, or the next free port in the range."""
+    from torch.distributed import TCPStore
+
+    lo, hi = port_range
+    last: Exception | None = None
+    for i in range(BIND_TRIES):
+        candidate = lo + (port - lo + i) % (hi - lo + 1)
+        try:
+            store = TCPStore(
+                "0.0.0.0",
+                candidate,
+                world_size=world,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=timeout_s),
+                use_libuv=True,
+            )
+            return store, candidate
+        except (RuntimeError, OSError) as exc:  # address in use
+            last = exc
+    raise RuntimeError(f"no free port among {BIND_TRIES} tried from {port} in {lo}-{hi}: {last}")
+
+
+class Controller:
+    def __init__(self, attempt_dir: Path, port: int) -> None:
+        self.attempt_dir = attempt_dir
+        self.run_dir = attempt_dir.parent
+        self.run = json.loads((self.run_dir / rundir.RUN_JSON).read_text())
+        self.hosts = (attempt_dir / "hosts").read_text().split()
+        self.token = os.environ.get(envnames.TOKEN, "")
+        self.world = int(self.run["world_size"])
+        self.gpn = int(self.run["gpus_per_node"])
+        self.timeout_s = float(self.run["rendezvous"]["timeout_s"])
+        self.port_range = tuple(self.run["rendezvous"]["port_range"])
+        self.first_port = port
+        self.done = threading.Event()
+        self.store = None
+
+    # --- start -----------------------------------------------------------------
+    def start(self) -> int:
+        self.store, port = bind_store(self.first_port, self.port_range, self.world, self.timeout_s)
+        checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
+        marker = None
+        if "shared_fs" in self.run.get("preflight", {}).get("checks", []):
+            try:
+                marker = write_shared_marker(checkpoint_dir, self.token)
+            except OSError as exc:
+                log(f"cannot write the shared-filesystem marker in {checkpoint_dir}: {exc}")
+        write_json_atomic(
+            self.attempt_dir / READY,
+            {"port": port, "pid": os.getpid(), "host": os.environ.get("SLURMD_NODENAME", ""), "marker": marker},
+        )
+        log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
+        return port
+
+    # --- rendezvous --------------------------------------------------------------
+    def wait_for_ranks(self) -> int:
+        deadline = time.monotonic() + self.timeout_s
+        arrived = 0
+        while not self.done.is_set() and time.monotonic() < deadline:
+            arrived = self.store.add(registry.ARRIVED, 0)
+            if arrived >= self.world:
+                break
+            time.sleep(POLL_S)
+        return arrived
+
+    def _listed(self, key: str) -> list[str]:
+        return registry.parse_list(self.store.get(key)) if self.store.check([key]) else []
+
+    def collect(self, arrived: int) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
+        """Registrations (one multi_get when everyone arrived), duplicates and early errors."""
+        store = self.store
+        keys = [registry.reg_key(r) for r in range(self.world)]
+        if arrived >= self.world:  # only first claimants count as arrived
+            records = {r: json.loads(v) for r, v in enumerate(store.multi_get(keys))}
+        else:
+            records = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+        duplicates: dict[int, list[dict]] = {}
+        for item in self._listed(registry.DUPLICATES):
+            rank, claim = (int(x) for x in item.split(":"))
+            key = registry.reg_key(rank, claim)
+            if store.check([key]):
+                duplicates.setdefault(rank, []).append(json.loads(store.get(key)))
+        errors = {
+            int(r): store.get(registry.error_key(int(r))).decode(errors="replace")
+            for r in self._listed(registry.ERRORED)
+        }
+        return records, duplicates, errors
+
+    def node_log_errors(self, missing: list[int]) -> dict[str, str]:
+        """For nodes with missing ranks, the first line those ranks (or the node) logged."""
+        found: dict[str, str] = {}
+        slots = sorted({r // self.gpn for r in missing})
+        for slot in slots:
+            host = self.hosts[slot] if slot < len(self.hosts) else "?"
+            path = self.attempt_dir / rundir.LOGS / f"node-{slot}.log"
+            try:
+                lines = path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            ranks = {str(r) for r in missing if r // self.gpn == slot}
+            pick = next((ln for ln in lines if ln.split(":", 1)[0].strip() in ranks), None)
+            pick = pick or next((ln for ln in lines if ln.strip()), None)
+            if pick:
+                found[host] = pick.strip()[:300]
+        return found
+
+    def rendezvous(self) -> registry.Verdict:
+        arrived = self.wait_for_ranks()
+        records, duplicates, errors = self.collect(arrived)
+        missing = [r for r in range(self.world) if r not in records]
+        verdict = registry.judge(
+            records,
+            duplicates,
+            world_size=self.world,
+            hosts=self.hosts,
+            gpus_per_node=self.gpn,
+            token=self.token,
+            errors=errors,
+            log_errors=self.node_log_errors(missing) if missing else {},
+        )
+        self.write_manifest(records)
+        self.store.set(registry.VERDICT, json.dumps(verdict.as_dict()))
+        write_json_atomic(self.attempt_dir / rundir.VERDICT, verdict.as_dict())
+        log(verdict.message)
+        return verdict
+
+    def write_manifest(self, records: dict[int, dict]) -> None:
+        par = self.run["parallel"]
+        layout = RankLayout(tp=par["tp"], cp=par["cp"], dp=par["dp"], pp=par["pp"], ep=par["ep"])
+        index: dict[str, list[int]] = {}
+        groups: dict[str, list[list[int]]] = {}
+        for kind in GROUP_KINDS:
+            kind_groups = layout.groups(kind)
+            slot = [0] * self.world
+            for g, members in enumerate(kind_groups):
+                for r in members:
+                    slot[r] = g
+            index[kind] = slot
+            groups[kind] = kind_groups
+        ranks = []
+        for r in range(self.world):
+            rec = dict(records.get(r, {"rank": r, "missing": True}))
+            rec["groups"] = {kind: index[kind][r] for kind in GROUP_KINDS}
+            ranks.append(rec)
+        manifest: dict[str, Any] = {
+            "attempt": int(os.environ.get(envnames.ATTEMPT, "0") or 0),
+            "world_size": self.world,
+            "hosts": self.hosts,
+            "ranks": ranks,
+        }
+        if self.world <= MANIFEST_GROUP_LISTS_UP_TO:
+            manifest["groups"] = groups
+        write_json_atomic(self.attempt_dir / rundir.MANIFEST, manifest)
+
+    # --- after the rendezvous ------------------------------------------------------
+    def finish(self, verdict: registry.Verdict) -> int:
+        """Host the store until the ranks are done; then the attempt's code."""
+        self.done.wait()
+        if not verdict.ok:
+            return verdict.code
+        failed = int(self.store.add(registry.FAILED, 0))
+        if failed:
+            tracebacks = {
+                int(r): self.store.get(registry.error_key(int(r))).decode(errors="replace")
+                for r in self._listed(registry.ERRORED)
+            }
+            first = min(tracebacks) if tracebacks else None
+            final = registry.Verdict(
+                False,
+                int(ExitCode.SCRIPT_FAILED),
+                f"{failed} rank(s) failed; first: rank {first} on {self.hosts[first // self.gpn]}"
+                if first is not None
+                else f"{failed} rank(s) failed",
+                [{"rank": r, "host": self.hosts[r // self.gpn], "reason": "script failed"} for r in sorted(tracebacks)],
+                {"traceback": tracebacks.get(first, "") if first is not None else ""},
+            )
+            write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
+            log(final.message)
+            return final.code
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clusterctl.runtime.controller")
+    parser.add_argument("--attempt-dir", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True, help="first port to try (the job's hashed port)")
+    args = parser.parse_args(argv)
+    controller = Controller(args.attempt_dir, args.port)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: controller.done.set())
+    try:
+        controller.start()
+    except Exception as exc:  # noqa: BLE001 - reported to the batch log, then a verdict code
+        log(f"cannot host the rendezvous store: {exc}")
+        return int(ExitCode.RENDEZVOUS_FAILED)
+    verdict = controller.rendezvous()
+    return controller.finish(verdict)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""What a rank knows about itself and its job, from the wrapper's environment.
+
+Standard library only. The run directory's run.json (the static plan, small
+at any scale) and the attempt's attempt.json (hosts, token, port) complete
+the picture; both were written before the rank started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from clusterctl import envnames, rundir
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    attempt: int
+    token: str
+    run_dir: Path
+    attempt_dir: Path
+    master_addr: str
+    master_port: int
+    gpu: int | None
+    cpus: str
+    numa: int | None
+    nics: tuple[str, ...]
+    run: dict[str, Any]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RankInfo:
+        env = os.environ if env is None else env
+        run_dir = Path(env[envnames.RUN_DIR])
+        attempt_dir = Path(env[envnames.ATTEMPT_DIR])
+        run = json.loads((run_dir / rundir.RUN_JSON).read_text())
+        gpu = env.get(envnames.GPU, "")
+        numa = env.get(envnames.NUMA, "")
+        return cls(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            host=env.get("SLURMD_NODENAME") or os.uname().nodename,
+            attempt=int(env.get(envnames.ATTEMPT, "0")),
+            token=env.get(envnames.TOKEN, ""),
+            run_dir=run_dir,
+            attempt_dir=attempt_dir,
+            master_addr=env["MASTER_ADDR"],
+            master_port=int(env["MASTER_PORT"]),
+            gpu=int(gpu) if gpu.isdigit() else None,
+            cpus=env.get(envnames.CPUS, ""),
+            numa=int(numa) if numa.isdigit() else None,
+            nics=tuple(n for n in env.get(envnames.NIC, "").split(",") if n),
+            run=run,
+        )
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.run["gpus_per_node"])
+
+    @property
+    def node_slot(self) -> int:
+        return self.rank // self.gpus_per_node

@@ -1,0 +1,182 @@
+"""Registration: the keys ranks and the controller share in the store, and the verdict.
+
+Every rank claims its rank number, writes one registration record and bumps
+a counter; the controller waits for the counter, reads the records and
+judges them. `judge` is pure: records in, verdict out, so every check is
+tested without processes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterctl.exitcodes import ExitCode
+
+PREFIX = "clusterctl/"
+ARRIVED = PREFIX + "arrived"
+VERDICT = PREFIX + "verdict"
+FAILED = PREFIX + "failed"  # count of ranks whose script raised
+DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim," by every claimant after the first
+ERRORED = PREFIX + "errored"  # appended "rank," by every rank that wrote error_key(rank)
+
+
+def parse_list(raw: bytes) -> list[str]:
+    return [item for item in raw.decode().split(",") if item]
+
+
+def claim_key(rank: int) -> str:
+    return f"{PREFIX}claim/{rank}"
+
+
+def reg_key(rank: int, claim: int = 1) -> str:
+    """The first claimant's record; later claimants (duplicates) write under their claim number."""
+    return f"{PREFIX}reg/{rank}" if claim == 1 else f"{PREFIX}reg/{rank}/dup{claim}"
+
+
+def error_key(rank: int) -> str:
+    return f"{PREFIX}error/{rank}"
+
+
+VERSION_KEYS = ("torch", "cuda", "nccl", "hip")
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    code: int
+    message: str
+    culprits: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "host", "reason"}
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "code": self.code,
+            "verdict": ExitCode(self.code).name.lower() if self.code in ExitCode._value2member_map_ else str(self.code),
+            "message": self.message,
+            "culprits": self.culprits,
+            "evidence": self.evidence,
+        }
+
+
+def _ranges(ranks: list[int]) -> str:
+    """`0-3,7` for messages."""
+    out, ordered = [], sorted(ranks)
+    start = prev = None
+    for r in ordered:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(out)
+
+
+def judge(
+    records: dict[int, dict[str, Any]],
+    duplicates: dict[int, list[dict[str, Any]]],
+    *,
+    world_size: int,
+    hosts: list[str],
+    gpus_per_node: int,
+    token: str,
+    errors: dict[int, str] | None = None,
+    log_errors: dict[str, str] | None = None,
+) -> Verdict:
+    """Decide whether the rendezvous may complete.
+
+    `records` maps rank -> its registration (first claimant), `duplicates`
+    rank -> records of later claimants, `errors` rank -> an error the rank
+    reported before it could register, `log_errors` host -> the first error
+    line its node log shows (for ranks that could not even reach the store).
+    """
+    errors = errors or {}
+    log_errors = log_errors or {}
+    problems: list[str] = []
+    culprits: list[dict[str, Any]] = []
+
+    def host_of(rank: int) -> str:
+        slot = rank // gpus_per_node
+        return hosts[slot] if slot < len(hosts) else "?"
+
+    # Preflight failures first: they name nodes to exclude.
+    preflight: dict[str, list[str]] = defaultdict(list)
+    for rank, rec in sorted(records.items()):
+        for check in rec.get("preflight", []):
+            if not check.get("ok", True):
+                preflight[rec.get("host", host_of(rank))].append(f"rank {rank} {check['name']}: {check['detail']}")
+                culprits.append({"rank": rank, "host": rec.get("host"), "reason": f"preflight {check['name']}"})
+    if preflight:
+        lines = [f"{host}: {'; '.join(items)}" for host, items in sorted(preflight.items())]
+        return Verdict(
+            False,
+            int(ExitCode.PREFLIGHT_FAILED),
+            f"preflight failed on {len(preflight)} node(s): " + " | ".join(lines),
+            culprits,
+            {"nodes": sorted(preflight)},
+        )
+
+    missing = [r for r in range(world_size) if r not in records]
+    if missing:
+        by_host: dict[str, list[int]] = defaultdict(list)
+        for r in missing:
+            by_host[host_of(r)].append(r)
+        parts = []
+        for host, ranks in sorted(by_host.items()):
+            first = next((errors[r] for r in ranks if r in errors), None) or log_errors.get(host)
+            part = f"ranks {_ranges(ranks)} on {host}"
+            if first:
+                part += f" (first error: {first})"
+            parts.append(part)
+            culprits += [{"rank": r, "host": host, "reason": "never arrived"} for r in ranks]
+        problems.append(f"{len(missing)} of {world_size} ranks never arrived: " + "; ".join(parts))
+
+    for rank, extra in sorted(duplicates.items()):
+        first = records.get(rank, {})
+        who = [f"pid {r.get('pid')} on {r.get('host')}" for r in [first, *extra]]
+        problems.append(f"rank {rank} registered {len(who)} times: {', '.join(who)}")
+        culprits += [{"rank": rank, "host": r.get("host"), "reason": "duplicate rank"} for r in extra]
+
+    for rank, rec in sorted(records.items()):
+        host = rec.get("host")
+        if rec.get("token") != token:
+            problems.append(
+                f"rank {rank} (pid {rec.get('pid')} on {host}) carries another attempt's token: a stale process"
+            )
+            culprits.append({"rank": rank, "host": host, "reason": "stale attempt"})
+        if rec.get("world_size") != world_size:
+            problems.append(f"rank {rank} on {host} was started with WORLD_SIZE={rec.get('world_size')}, the plan has {world_size}")
+            culprits.append({"rank": rank, "host": host, "reason": "wrong world size"})
+        expected = host_of(rank)
+        if host != expected:
+            problems.append(f"rank {rank} runs on {host}, the plan puts it on {expected}")
+            culprits.append({"rank": rank, "host": host, "reason": "wrong node"})
+
+    for key in VERSION_KEYS:
+        seen: dict[Any, list[int]] = defaultdict(list)
+        for rank, rec in records.items():
+            seen[rec.get("versions", {}).get(key)].append(rank)
+        if len(seen) > 1:
+            common = max(seen, key=lambda v: len(seen[v]))
+            odd = [
+                f"{value} on ranks {_ranges(ranks)} ({', '.join(sorted({records[r].get('host', '?') for r in ranks}))})"
+                for value, ranks in seen.items()
+                if value != common
+            ]
+            problems.append(f"{key} versions differ: {common} on most ranks, " + "; ".join(odd))
+            culprits += [
+                {"rank": r, "host": records[r].get("host"), "reason": f"{key} version"}
+                for value, ranks in seen.items()
+                if value != common
+                for r in ranks
+            ]
+
+    if problems:
+        return Verdict(False, int(ExitCode.RENDEZVOUS_FAILED), "rendezvous failed: " + " | ".join(problems), culprits)
+    return Verdict(True, 0, f"all {world_size} ranks registered and checked")
