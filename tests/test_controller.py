@@ -1,0 +1,192 @@
+"""The controller as a real process, with small stand-in ranks (TCPStore clients in threads).
+
+torch is imported once by this test process (the clients) and once by each
+controller process; the ranks' own checks are the registry's, tested apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch_distributed = pytest.importorskip("torch.distributed")
+
+from clusterctl.exitcodes import ExitCode  # noqa: E402
+from clusterctl.runtime import registry, rendezvous  # noqa: E402
+from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
+
+TOKEN = "attempt-token"
+HOSTS = ["n1", "n2"]
+
+
+def make_run(tmp_path: Path, timeout_s: float = 20) -> Path:
+    run_dir = tmp_path / "run"
+    attempt = run_dir / "attempt-1"
+    (attempt / "logs").mkdir(parents=True)
+    (attempt / "hosts").write_text("\n".join(HOSTS) + "\n")
+    run = {
+        "world_size": 4,
+        "gpus_per_node": 2,
+        "parallel": {"tp": 2, "cp": 1, "ep": 1, "dp": 2, "pp": 1},
+        "rendezvous": {"timeout_s": timeout_s, "port_range": [20000, 29999]},
+        "preflight": {"checks": ["shared_fs"]},
+        "checkpoint": {"dir": str(run_dir / "checkpoints")},
+        "node_type": {"gpu_vendor": "emulated", "binding": []},
+    }
+    (run_dir / "run.json").write_text(json.dumps(run))
+    return attempt
+
+
+class Controller:
+    def __init__(self, attempt: Path) -> None:
+        env = dict(os.environ, CLUSTERCTL_TOKEN=TOKEN, CLUSTERCTL_ATTEMPT="1", SLURMD_NODENAME="n1")
+        port = 20000 + os.getpid() % 9000
+        self.attempt = attempt
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clusterctl.runtime.controller", "--attempt-dir", str(attempt), "--port", str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        ready = attempt / "controller.json"
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        self.port = json.loads(ready.read_text())["port"]
+
+    def info(self, rank: int) -> RankInfo:
+        env = {
+            "CLUSTERCTL_RUN_DIR": str(self.attempt.parent),
+            "CLUSTERCTL_ATTEMPT_DIR": str(self.attempt),
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(self.port),
+        }
+        return RankInfo.from_env(env)
+
+    def stop(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=30)
+        return self.proc.returncode, out
+
+
+def rank_record(rank: int, **changes: object) -> dict:
+    rec = {
+        "rank": rank,
+        "world_size": 4,
+        "host": HOSTS[rank // 2],
+        "pid": 100 + rank,
+        "token": TOKEN,
+        "versions": {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None},
+        "preflight": [],
+    }
+    rec.update(changes)
+    return rec
+
+
+def stand_in(ctl: Controller, rank: int, record: dict, results: dict, *, fail: str | None = None) -> None:
+    store = rendezvous.connect(ctl.info(rank), 20)
+    rendezvous.register(store, rank, record)
+    results[(rank, record["pid"])] = rendezvous.await_verdict(store, 20)
+    if fail:
+        rendezvous.report_error(store, rank, fail, script_failed=True)
+
+
+def run_ranks(ctl: Controller, plans: list[tuple[int, dict, str | None]]) -> dict:
+    results: dict = {}
+    threads = [threading.Thread(target=stand_in, args=(ctl, r, rec, results), kwargs={"fail": f}) for r, rec, f in plans]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
+    ctl = Controller(make_run(tmp_path))
+    results = run_ranks(ctl, [(r, rank_record(r), "Traceback: boom on rank 3" if r == 3 else None) for r in range(4)])
+    assert len(results) == 4 and all(v["ok"] for v in results.values())
+    manifest = json.loads((ctl.attempt / "manifest.json").read_text())
+    assert [r["rank"] for r in manifest["ranks"]] == [0, 1, 2, 3]
+    assert [r["host"] for r in manifest["ranks"]] == ["n1", "n1", "n2", "n2"]
+    assert manifest["ranks"][3]["groups"]["tp"] == 1 and manifest["groups"]["dp"] == [[0, 2], [1, 3]]
+    assert (tmp_path / "run" / "checkpoints" / f".clusterctl-shared-{TOKEN}").read_text().strip() == TOKEN
+    code, out = ctl.stop()
+    assert code == ExitCode.SCRIPT_FAILED, out
+    verdict = json.loads((ctl.attempt / "verdict.json").read_text())
+    assert verdict["culprits"] == [{"rank": 3, "host": "n2", "reason": "script failed"}]
+    assert verdict["evidence"]["traceback"] == "Traceback: boom on rank 3"
+    assert "first: rank 3 on n2" in out
+
+
+def test_ranks_that_never_arrive_are_named_after_the_timeout(tmp_path: Path) -> None:
+    attempt = make_run(tmp_path, timeout_s=3)
+    (attempt / "logs" / "node-1.log").write_text("3: ModuleNotFoundError: No module named 'torch'\n")
+    ctl = Controller(attempt)
+    started = time.monotonic()
+    results = run_ranks(ctl, [(r, rank_record(r), None) for r in range(3)])
+    assert time.monotonic() - started < 15
+    assert all(not v["ok"] and v["code"] == ExitCode.RENDEZVOUS_FAILED for v in results.values())
+    message = next(iter(results.values()))["message"]
+    assert "1 of 4 ranks never arrived: ranks 3 on n2 (first error: 3: ModuleNotFoundError" in message
+    code, out = ctl.stop()
+    assert code == ExitCode.RENDEZVOUS_FAILED and "never arrived" in out
+
+
+def test_every_registration_check_at_once(tmp_path: Path) -> None:
+    """A duplicate, a stale process, a wrong world size, another torch, a wrong node: all named."""
+    ctl = Controller(make_run(tmp_path))
+    results: dict = {}
+    probe = rendezvous.connect(ctl.info(0), 20)
+    threads = []
+
+    def claim_in_order(rank: int, record: dict, claims: int) -> None:
+        thread = threading.Thread(target=stand_in, args=(ctl, rank, record, results))
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 30
+        while int(probe.add(registry.claim_key(rank), 0)) < claims:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    # A stale process claims rank 3 first; the real rank 3 then arrives as the duplicate.
+    claim_in_order(3, rank_record(3, pid=999, token="previous-attempt"), 1)
+    claim_in_order(3, rank_record(3), 2)
+    other_torch = {"torch": "2.12.0", "cuda": None, "nccl": None, "hip": None}
+    results.update(
+        run_ranks(
+            ctl,
+            [
+                (0, rank_record(0, versions=other_torch), None),
+                (1, rank_record(1, world_size=8), None),
+                (2, rank_record(2, host="n1"), None),
+            ],
+        )
+    )
+    for thread in threads:
+        thread.join(60)
+    message = results[(1, 101)]["message"]
+    assert results[(1, 101)]["code"] == ExitCode.RENDEZVOUS_FAILED
+    for part in (
+        "rank 3 registered 2 times: pid 999 on n2, pid 103 on n2",
+        "rank 3 (pid 999 on n2) carries another attempt's token: a stale process",
+        "rank 1 on n1 was started with WORLD_SIZE=8, the plan has 4",
+        "rank 2 runs on n1, the plan puts it on n2",
+        "torch versions differ: 2.13.0 on most ranks, 2.12.0 on ranks 0 (n1)",
+    ):
+        assert part in message, message
+    code, _ = ctl.stop()
+    assert code == ExitCode.RENDEZVOUS_FAILED
+    assert json.loads((ctl.attempt / "verdict.json").read_text())["verdict"] == "rendezvous_failed"
