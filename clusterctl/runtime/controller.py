@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -41,28 +42,38 @@ def log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} clusterctl controller: {message}", flush=True)
 
 
-def bind_store(port: int, port_range: tuple[int, int], world: int, timeout_s: float):  # noqa: ANN201 - torch type
-    """Host the TCPStore on `port`, or the next free port in the range."""
-    from torch.distributed import TCPStore
+def reserve_port(port: int, port_range: tuple[int, int]) -> tuple[socket.socket, int]:
+    """Bind a plain socket on `port` or the next free port in the range (standard library: fast).
 
+    The batch script waits only for this, so srun starts while the controller
+    is still importing torch; the ranks' store clients retry until it listens.
+    """
     lo, hi = port_range
-    last: Exception | None = None
+    last: OSError | None = None
     for i in range(BIND_TRIES):
         candidate = lo + (port - lo + i) % (hi - lo + 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            store = TCPStore(
-                "0.0.0.0",
-                candidate,
-                world_size=world,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=timedelta(seconds=timeout_s),
-                use_libuv=True,
-            )
-            return store, candidate
-        except (RuntimeError, OSError) as exc:  # address in use
+            sock.bind(("", candidate))
+            return sock, candidate
+        except OSError as exc:
+            sock.close()
             last = exc
     raise RuntimeError(f"no free port among {BIND_TRIES} tried from {port} in {lo}-{hi}: {last}")
+
+
+def host_store(port: int, world: int, timeout_s: float):  # noqa: ANN201 - torch type
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        "0.0.0.0",
+        port,
+        world_size=world,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+        use_libuv=True,
+    )
 
 
 class Controller:
@@ -82,7 +93,7 @@ class Controller:
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
-        self.store, port = bind_store(self.first_port, self.port_range, self.world, self.timeout_s)
+        placeholder, port = reserve_port(self.first_port, self.port_range)
         checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
         marker = None
         if "shared_fs" in self.run.get("preflight", {}).get("checks", []):
@@ -94,6 +105,8 @@ class Controller:
             self.attempt_dir / READY,
             {"port": port, "pid": os.getpid(), "host": os.environ.get("SLURMD_NODENAME", ""), "marker": marker},
         )
+        placeholder.close()  # hand the port to the store at once
+        self.store = host_store(port, self.world, self.timeout_s)
         log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
         return port
 
