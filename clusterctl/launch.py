@@ -109,6 +109,8 @@ def managed(argv: list[str]) -> int:
     info = RankInfo.from_env()
     bind_cpus_if_unbound()
     checks = preflight(info)
+    checked = time.time()
+    found = versions()  # imports torch: the one import of this process
     record = {
         "rank": info.rank,
         "world_size": info.world_size,
@@ -121,9 +123,9 @@ def managed(argv: list[str]) -> int:
         "cpus": format_cpulist(os.sched_getaffinity(0)),
         "numa": info.numa,
         "nics": list(info.nics),
-        "versions": versions(),
+        "versions": found,
         "preflight": checks,
-        "started": started,
+        "timings": {"started": started, "preflight_done": checked, "torch_imported": time.time()},
     }
     timeout_s = float(info.run["rendezvous"]["timeout_s"])
     try:

@@ -1,0 +1,261 @@
+"""Start-up to the first barrier: clusterctl vs torchrun (c10d) vs plain env://.
+
+    python bench/rendezvous.py [--quick] [--sizes 8,16,32,64]
+
+For each N, in one run on this machine:
+- clusterctl: the controller and N ranks through the real rendered wrapper
+  (bash binding, `python -m clusterctl.launch`: preflight, registration,
+  verdict, then the rank script's init_process_group on the controller's store);
+- torchrun: one `torchrun --nnodes=N --nproc-per-node=1 --rdzv-backend=c10d`
+  per emulated node, all on this machine;
+- env://: N plain processes, rank 0 hosting the TCPStore, no checks.
+Every rank runs bench/programs/first_barrier.py (gloo, one barrier). Time is
+from just before the first process starts to the last rank past its barrier;
+"after import" is from the moment the last process had torch imported (the
+protocol's own cost). Targets at N=64: clusterctl <= half of torchrun, and
+<= 1 s over env://.
+
+Last line: {"n", "clusterctl_s", "torchrun_s", "env_s", "ratio", "overhead_vs_env_s"} for the largest N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BARRIER = ROOT / "bench" / "programs" / "first_barrier.py"
+MB_PER_PROCESS = 300  # a python process with torch imported, measured here ~250-290 MB
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def available_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+def collect(out: Path, n: int, t0: float, imported: dict[int, float] | None = None) -> dict[str, float]:
+    rows = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    if len(rows) != n:
+        raise RuntimeError(f"only {len(rows)} of {n} ranks passed the barrier")
+    done = max(r["done"] for r in rows)
+    last_import = max((imported or {r["rank"]: r["imported"] for r in rows}).values())
+    return {"total_s": round(done - t0, 3), "after_import_s": round(done - last_import, 3)}
+
+
+def wait_all(procs: list[subprocess.Popen], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            p.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    bad = [p.args for p in procs if p.returncode != 0]
+    if bad:
+        raise RuntimeError(f"{len(bad)} processes failed, e.g. {bad[0]}")
+
+
+def run_env(n: int, work: Path) -> dict[str, float]:
+    out = work / "env"
+    out.mkdir()
+    port = free_port()
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n), BENCH_OUT=str(out))
+    t0 = time.time()
+    procs = [
+        subprocess.Popen([sys.executable, str(BARRIER)], env=dict(base, RANK=str(r), LOCAL_RANK="0"))
+        for r in range(n)
+    ]
+    wait_all(procs)
+    return collect(out, n, t0)
+
+
+def run_torchrun(n: int, work: Path) -> dict[str, float]:
+    out = work / "torchrun"
+    out.mkdir()
+    port = free_port()
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    base = dict(os.environ, BENCH_OUT=str(out), OMP_NUM_THREADS="1")
+    t0 = time.time()
+    procs = [
+        subprocess.Popen(
+            [
+                *torchrun,
+                f"--nnodes={n}",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=bench",
+                "--max-restarts=0",
+                "--monitor-interval=0.1",
+                str(BARRIER),
+            ],
+            env=base,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(n)
+    ]
+    wait_all(procs)
+    return collect(out, n, t0)
+
+
+def render_local_run(n: int, work: Path) -> Path:
+    """The real run directory of an n-rank job on the local site (n/4 emulated nodes)."""
+    from clusterctl.plan import make_plan
+    from clusterctl.render import render_run
+    from clusterctl.site import Partition, load_site
+    from clusterctl.spec import JobSpec
+
+    site, _ = load_site("local")
+    gpn = 4 if n >= 4 else n
+    nodes = n // gpn
+    site = site.model_copy(
+        update={
+            "partitions": {"local": Partition(node_type="emulated", nodes=f"node[1-{nodes}]", default=True)},
+            "network": site.network.model_copy(update={"addresses": {f"node{i}": "127.0.0.1" for i in range(1, nodes + 1)}}),
+        }
+    )
+    spec = JobSpec.model_validate(
+        {
+            "name": "bench",
+            "time_limit": "1h",
+            "nodes": nodes,
+            "gpus_per_node": gpn,
+            "command": ["python3", str(BARRIER)],
+            "runs_root": str(work),
+        }
+    )
+    plan = make_plan(spec, site)
+    run_dir = work / "run"
+    run_dir.mkdir()
+    rendered = render_run(plan, run_dir, python=sys.executable)
+    for name, text in rendered.files.items():
+        (run_dir / name).write_text(text)
+    (run_dir / "checkpoints").mkdir()
+    return run_dir
+
+
+def run_clusterctl(n: int, work: Path) -> dict[str, float]:
+    run_dir = render_local_run(n, work)
+    attempt = run_dir / "attempt-1"
+    (attempt / "logs").mkdir(parents=True)
+    out = work / "clusterctl"
+    out.mkdir()
+    gpn = 4 if n >= 4 else n
+    hosts = [f"node{i + 1}" for i in range(n // gpn)]
+    (attempt / "hosts").write_text("\n".join(hosts) + "\n")
+    token = os.urandom(8).hex()
+    base = dict(
+        os.environ,
+        CLUSTERCTL_RUN_DIR=str(run_dir),
+        CLUSTERCTL_ATTEMPT_DIR=str(attempt),
+        CLUSTERCTL_ATTEMPT="1",
+        CLUSTERCTL_TOKEN=token,
+        MASTER_ADDR="127.0.0.1",
+        BENCH_OUT=str(out),
+    )
+    t0 = time.time()
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "clusterctl.runtime.controller", "--attempt-dir", str(attempt), "--port", str(free_port())],
+        env=dict(base, SLURMD_NODENAME=hosts[0]),
+        stdout=subprocess.DEVNULL,
+    )
+    ready = attempt / "controller.json"
+    while not ready.exists():  # what the batch script waits for before srun
+        if controller.poll() is not None:
+            raise RuntimeError("controller failed")
+        time.sleep(0.01)
+    port = json.loads(ready.read_text())["port"]
+    procs = []
+    for r in range(n):
+        env = dict(
+            base,
+            MASTER_PORT=str(port),
+            SLURM_PROCID=str(r),
+            SLURM_LOCALID=str(r % gpn),
+            SLURM_NODEID=str(r // gpn),
+            SLURM_NTASKS=str(n),
+            SLURMD_NODENAME=hosts[r // gpn],
+        )
+        procs.append(subprocess.Popen(["bash", str(run_dir / "wrapper.sh")], env=env))
+    wait_all(procs)
+    controller.terminate()
+    controller.wait(30)
+    manifest = json.loads((attempt / "manifest.json").read_text())
+    imported = {r["rank"]: r["timings"]["torch_imported"] for r in manifest["ranks"]}
+    return collect(out, n, t0, imported)
+
+
+def median_run(rows: list[dict[str, float]]) -> dict[str, float] | None:
+    """The run with the median total (its after-import figure comes with it)."""
+    if not rows:
+        return None
+    return sorted(rows, key=lambda r: r["total_s"])[len(rows) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N=8 only, one repetition")
+    parser.add_argument("--sizes", default="8,16,32,64")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions for N <= 16 (one above: memory and time)")
+    args = parser.parse_args()
+    sizes = [8] if args.quick else [int(x) for x in args.sizes.split(",")]
+    result: dict[str, object] = {}
+    for n in sizes:
+        repeats = 1 if args.quick or n > 16 else args.repeat
+        runs: dict[str, list[dict[str, float]]] = {"env": [], "clusterctl": [], "torchrun": []}
+        needed = 2 * n * MB_PER_PROCESS
+        for _ in range(repeats):  # interleaved, so drift on a shared machine hits all three alike
+            with tempfile.TemporaryDirectory() as tmp:
+                work = Path(tmp)
+                runs["env"].append(run_env(n, work))
+                runs["clusterctl"].append(run_clusterctl(n, work))
+                if available_mb() > needed * 1.1:
+                    runs["torchrun"].append(run_torchrun(n, work))
+                else:
+                    print(f"N={n}: torchrun skipped: needs ~{needed} MB, {available_mb()} MB available")
+        row = {name: median_run(rows) for name, rows in runs.items()}
+        c, t, e = row["clusterctl"], row["torchrun"], row["env"]
+        line = (
+            f"N={n:>3}: clusterctl {c['total_s']:.2f} s (after import {c['after_import_s']:.2f}), "
+            f"env:// {e['total_s']:.2f} s (after import {e['after_import_s']:.2f})"
+        )
+        if t:
+            line += f", torchrun {t['total_s']:.2f} s (after import {t['after_import_s']:.2f}); ratio {c['total_s'] / t['total_s']:.2f}"
+        print(line, flush=True)
+        result = {
+            "n": n,
+            "clusterctl_s": c["total_s"],
+            "torchrun_s": t["total_s"] if t else None,
+            "env_s": e["total_s"],
+            "ratio": round(c["total_s"] / t["total_s"], 3) if t else None,
+            "overhead_vs_env_s": round(c["total_s"] - e["total_s"], 3),
+            "clusterctl_after_import_s": c["after_import_s"],
+            "torchrun_after_import_s": t["after_import_s"] if t else None,
+            "env_after_import_s": e["after_import_s"],
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    if shutil.which("bash") is None:
+        sys.exit("bash is required")
+    main()
