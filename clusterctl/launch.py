@@ -143,6 +143,17 @@ def managed(argv: list[str]) -> int:
         if info.rank == 0:
             print(f"clusterctl: {verdict['message']}", file=sys.stderr)
         return int(verdict["code"])
+    post = [c for c in info.run.get("preflight", {}).get("checks", []) if c in POST_RENDEZVOUS]
+    if post:
+        from clusterctl.runtime.postchecks import run_post_checks
+
+        failure = run_post_checks(post, info, store, timeout_s)
+        if failure is not None:
+            if info.rank == 0:
+                print(f"clusterctl: {failure['message']}", file=sys.stderr)
+            return int(failure["code"])
+        if info.rank == 0:
+            print(f"clusterctl: {' and '.join(post)} check passed (attempt-{info.attempt}/checks.json)", flush=True)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # init_process_group joins the controller's store
     try:
         run_command(argv)

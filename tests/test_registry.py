@@ -33,20 +33,19 @@ def test_all_present_is_ok() -> None:
     assert v.ok and v.code == 0 and "all 4 ranks" in v.message
 
 
-def test_missing_ranks_named_with_hosts_and_first_error() -> None:
-    v = verdict(
-        {0: record(0), 1: record(1)},
-        errors={2: "ImportError: no module named foo"},
-        log_errors={"n2": "3: Traceback (most recent call last):"},
-    )
+def test_missing_ranks_are_named_with_their_hosts() -> None:
+    v = verdict({0: record(0), 1: record(1)})
     assert not v.ok and v.code == ExitCode.RENDEZVOUS_FAILED
-    assert "2 of 4 ranks never arrived: ranks 2-3 on n2 (first error: ImportError: no module named foo)" in v.message
+    assert v.message == "rendezvous failed: 2 of 4 ranks never arrived: ranks 2-3 on n2"
     assert {(c["rank"], c["host"]) for c in v.culprits} == {(2, "n2"), (3, "n2")}
 
 
-def test_missing_rank_falls_back_to_the_node_log() -> None:
-    v = verdict({r: record(r) for r in range(3)}, log_errors={"n2": "3: bash: python3: command not found"})
-    assert "ranks 3 on n2 (first error: 3: bash: python3: command not found)" in v.message
+def test_a_rank_that_failed_first_is_the_culprit_not_those_stopped_with_it() -> None:
+    v = verdict({}, errors={2: "ImportError: no module named foo"}, log_errors={3: "bash: python3: command not found"})
+    assert "rank 2 on n2 failed before registering: ImportError: no module named foo" in v.message
+    assert "rank 3 on n2 failed before registering: bash: python3: command not found" in v.message
+    assert "2 other rank(s) did not register before the job step ended: ranks 0-1 on n1" in v.message
+    assert [c["rank"] for c in v.culprits] == [2, 3]
 
 
 def test_duplicate_rank() -> None:
@@ -88,3 +87,9 @@ def test_several_problems_are_all_reported() -> None:
     v = verdict({0: record(0, host="n2"), 1: record(1, token="x"), 2: record(2)})
     for part in ("never arrived", "rank 0 runs on n2", "rank 1 (pid 1001 on n1) carries another attempt"):
         assert part in v.message
+
+
+def test_a_stale_process_is_not_blamed_on_preflight() -> None:
+    bad = [{"name": "shared_fs", "ok": False, "detail": "marker of another token missing"}]
+    v = verdict({**{r: record(r) for r in range(4)}, 3: record(3, token="old", preflight=bad)})
+    assert v.code == ExitCode.RENDEZVOUS_FAILED and "stale process" in v.message

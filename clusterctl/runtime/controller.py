@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -35,7 +36,9 @@ from clusterctl.runtime.preflight import write_shared_marker
 READY = "controller.json"
 POLL_S = 0.02
 BIND_TRIES = 64
-MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
+MANIFEST_GROUP_LISTS_UP_TO = 4096
+# Lines a rank's log gets when Slurm stops it because another rank failed: not its own error.
+COLLATERAL = re.compile(r"slurmstepd|CANCELLED AT|Terminated|Killed|srun: ")  # beyond this many ranks the manifest keeps group indices only
 
 
 def log(message: str) -> None:
@@ -144,22 +147,23 @@ class Controller:
         }
         return records, duplicates, errors
 
-    def node_log_errors(self, missing: list[int]) -> dict[str, str]:
-        """For nodes with missing ranks, the first line those ranks (or the node) logged."""
-        found: dict[str, str] = {}
-        slots = sorted({r // self.gpn for r in missing})
-        for slot in slots:
-            host = self.hosts[slot] if slot < len(self.hosts) else "?"
+    def node_log_errors(self, missing: list[int]) -> dict[int, str]:
+        """For missing ranks, the first line each wrote to its node log (srun --label: `R: text`)."""
+        found: dict[int, str] = {}
+        wanted = set(missing)
+        for slot in sorted({r // self.gpn for r in missing}):
             path = self.attempt_dir / rundir.LOGS / f"node-{slot}.log"
             try:
                 lines = path.read_text(errors="replace").splitlines()
             except OSError:
                 continue
-            ranks = {str(r) for r in missing if r // self.gpn == slot}
-            pick = next((ln for ln in lines if ln.split(":", 1)[0].strip() in ranks), None)
-            pick = pick or next((ln for ln in lines if ln.strip()), None)
-            if pick:
-                found[host] = pick.strip()[:300]
+            for line in lines:
+                label, sep, text = line.partition(": ")
+                if not sep or not label.strip().isdigit() or COLLATERAL.search(text):
+                    continue
+                rank = int(label)
+                if rank in wanted and rank not in found and text.strip():
+                    found[rank] = text.strip()[:300]
         return found
 
     def rendezvous(self) -> registry.Verdict:
@@ -216,6 +220,13 @@ class Controller:
         self.done.wait()
         if not verdict.ok:
             return verdict.code
+        if self.store.check([registry.POSTCHECK]):
+            post = json.loads(self.store.get(registry.POSTCHECK))
+            log(post["message"])
+            if not post["ok"]:
+                final = registry.Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))
+                write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
+                return final.code
         failed = int(self.store.add(registry.FAILED, 0))
         if failed:
             tracebacks = {

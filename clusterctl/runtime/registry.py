@@ -20,6 +20,7 @@ VERDICT = PREFIX + "verdict"
 FAILED = PREFIX + "failed"  # count of ranks whose script raised
 DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim," by every claimant after the first
 ERRORED = PREFIX + "errored"  # appended "rank," by every rank that wrote error_key(rank)
+POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks
 
 
 def parse_list(raw: bytes) -> list[str]:
@@ -87,14 +88,16 @@ def judge(
     gpus_per_node: int,
     token: str,
     errors: dict[int, str] | None = None,
-    log_errors: dict[str, str] | None = None,
+    log_errors: dict[int, str] | None = None,
 ) -> Verdict:
     """Decide whether the rendezvous may complete.
 
     `records` maps rank -> its registration (first claimant), `duplicates`
     rank -> records of later claimants, `errors` rank -> an error the rank
-    reported before it could register, `log_errors` host -> the first error
-    line its node log shows (for ranks that could not even reach the store).
+    reported before it could register, `log_errors` rank -> the first line
+    it wrote to its node log (for ranks that could not even reach the store).
+    A missing rank with an error is a culprit; missing ranks without one
+    either never arrived (a hang: culprits) or were stopped with the culprit.
     """
     errors = errors or {}
     log_errors = log_errors or {}
@@ -108,6 +111,8 @@ def judge(
     # Preflight failures first: they name nodes to exclude.
     preflight: dict[str, list[str]] = defaultdict(list)
     for rank, rec in sorted(records.items()):
+        if rec.get("token") != token:
+            continue  # a stale process: reported as such below, its checks say nothing of this attempt
         for check in rec.get("preflight", []):
             if not check.get("ok", True):
                 preflight[rec.get("host", host_of(rank))].append(f"rank {rank} {check['name']}: {check['detail']}")
@@ -123,19 +128,21 @@ def judge(
         )
 
     missing = [r for r in range(world_size) if r not in records]
-    if missing:
+    failed_early = {r: errors.get(r) or log_errors.get(r) for r in missing if errors.get(r) or log_errors.get(r)}
+    for r, err in sorted(failed_early.items()):
+        problems.append(f"rank {r} on {host_of(r)} failed before registering: {err}")
+        culprits.append({"rank": r, "host": host_of(r), "reason": "failed before registering"})
+    silent = [r for r in missing if r not in failed_early]
+    if silent:
         by_host: dict[str, list[int]] = defaultdict(list)
-        for r in missing:
+        for r in silent:
             by_host[host_of(r)].append(r)
-        parts = []
-        for host, ranks in sorted(by_host.items()):
-            first = next((errors[r] for r in ranks if r in errors), None) or log_errors.get(host)
-            part = f"ranks {_ranges(ranks)} on {host}"
-            if first:
-                part += f" (first error: {first})"
-            parts.append(part)
-            culprits += [{"rank": r, "host": host, "reason": "never arrived"} for r in ranks]
-        problems.append(f"{len(missing)} of {world_size} ranks never arrived: " + "; ".join(parts))
+        where = "; ".join(f"ranks {_ranges(ranks)} on {host}" for host, ranks in sorted(by_host.items()))
+        if failed_early:
+            problems.append(f"{len(silent)} other rank(s) did not register before the job step ended: {where}")
+        else:
+            problems.append(f"{len(silent)} of {world_size} ranks never arrived: {where}")
+            culprits += [{"rank": r, "host": host_of(r), "reason": "never arrived"} for r in silent]
 
     for rank, extra in sorted(duplicates.items()):
         first = records.get(rank, {})

@@ -1,0 +1,176 @@
+"""Checks that need the ranks connected: communication bandwidth and compute speed.
+
+Run after the rendezvous, before the user's script, on process groups built
+directly on a prefix of the controller's store (not the default group, which
+stays the user's to create):
+
+- comm: all-reduce over the world and inside each tensor-parallel group at a
+  few message sizes, reporting bus bandwidth as nccl-tests does
+  (busbw = algbw * 2(n-1)/n); gloo on CPU, NCCL on GPU.
+- compute: every rank times the same fixed matrix multiply; rank 0 names any
+  rank slower than the median by the straggler factor, so a throttled or
+  failing GPU is caught before it stalls anyone.
+
+Rank 0 writes attempt-N/checks.json and publishes the outcome in the store;
+a failure ends every rank with the verdict's code, and the controller
+records it in verdict.json.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+from clusterctl.exitcodes import ExitCode
+from clusterctl.plan.ranks import RankLayout
+from clusterctl.rundir import write_json_atomic
+from clusterctl.runtime import registry
+from clusterctl.runtime.rankinfo import RankInfo
+
+CPU_SIZES = (64 << 10, 1 << 20, 8 << 20)
+GPU_SIZES = (1 << 20, 64 << 20, 256 << 20)
+ITERS = 5
+
+
+def _group(store: Any, name: str, rank: int, size: int, timeout_s: float) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    prefixed = dist.PrefixStore(f"{registry.PREFIX}check/{name}/", store)
+    if torch.cuda.is_available():
+        return dist.ProcessGroupNCCL(prefixed, rank, size)
+    return dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))
+
+
+def _device() -> Any:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)  # the wrapper exposed exactly one GPU
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bandwidth(pg: Any, size: int, nbytes: int, device: Any) -> dict[str, float]:
+    """Median time of ITERS all-reduces of `nbytes`; algbw and busbw in GB/s."""
+    import torch
+
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    pg.allreduce([tensor]).wait()  # warm-up: connections, buffers
+    times = []
+    for _ in range(ITERS):
+        _sync(device)
+        start = time.perf_counter()
+        pg.allreduce([tensor]).wait()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    algbw = nbytes / seconds / 1e9
+    return {"bytes": nbytes, "seconds": seconds, "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (size - 1) / size}
+
+
+def comm_check(info: RankInfo, store: Any, timeout_s: float) -> dict[str, Any]:
+    layout = _layout(info)
+    device = _device()
+    sizes = GPU_SIZES if device.type == "cuda" else CPU_SIZES
+    world_pg = _group(store, "world", info.rank, info.world_size, timeout_s)
+    report: dict[str, Any] = {"world": [bandwidth(world_pg, info.world_size, n, device) for n in sizes]}
+    if layout.tp > 1:
+        for index, members in enumerate(layout.groups("tp")):
+            if info.rank in members:
+                pg = _group(store, f"tp{index}", members.index(info.rank), len(members), timeout_s)
+                results = [bandwidth(pg, len(members), n, device) for n in sizes]
+                report["tp"] = {"group": index, "ranks": members, "results": results}
+                if members[0] == info.rank:
+                    store.set(f"{registry.PREFIX}comm/tp/{index}", json.dumps(report["tp"]))
+    return report
+
+
+def matmul_seconds(device: Any) -> float:
+    """The same fixed work on every rank: the median of 5 timed runs."""
+    import torch
+
+    n, dtype, reps = (4096, torch.bfloat16, 10) if device.type == "cuda" else (256, torch.float32, 20)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.rand(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    b = torch.rand(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    torch.matmul(a, b)  # warm-up
+    times = []
+    for _ in range(5):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _layout(info: RankInfo) -> RankLayout:
+    par = info.run["parallel"]
+    return RankLayout(tp=par["tp"], cp=par["cp"], dp=par["dp"], pp=par["pp"], ep=par["ep"])
+
+
+def judge_compute(times: dict[int, float], factor: float, hosts: list[str], gpus_per_node: int) -> dict[str, Any]:
+    """Ranks slower than factor x the median of all ranks."""
+    median = statistics.median(times.values())
+    slow = sorted(r for r, t in times.items() if t > factor * median)
+    culprits = [{"rank": r, "host": hosts[r // gpus_per_node], "reason": f"compute {times[r] / median:.2f}x the median"} for r in slow]
+    return {"median_s": median, "factor": factor, "slow": culprits}
+
+
+def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: float) -> dict[str, Any] | None:
+    """Run the requested checks; returns the failed verdict when one fails (None when all pass)."""
+    report: dict[str, Any] = {}
+    if "comm" in names:
+        report["comm"] = comm_check(info, store, timeout_s)
+    if "compute" in names:
+        seconds = matmul_seconds(_device())
+        store.set(f"{registry.PREFIX}compute/{info.rank}", str(seconds))
+    if info.rank == 0:
+        outcome = _rank0_judges(names, info, store, report)
+        store.set(registry.POSTCHECK, json.dumps(outcome))
+    store.wait([registry.POSTCHECK], timedelta(seconds=timeout_s))
+    outcome = json.loads(store.get(registry.POSTCHECK))
+    return None if outcome["ok"] else outcome
+
+
+def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str, Any]) -> dict[str, Any]:
+    hosts = (info.attempt_dir / "hosts").read_text().split()
+    summary = []
+    if "comm" in report:
+        biggest = report["comm"]["world"][-1]
+        summary.append(f"world all-reduce of {biggest['bytes'] >> 20} MiB: busbw {biggest['busbw_gbs']:.2f} GB/s")
+        tp = int(info.run["parallel"]["tp"])
+        if tp > 1:
+            keys = [f"{registry.PREFIX}comm/tp/{index}" for index in range(info.world_size // tp)]
+            groups = [json.loads(v) for v in store.multi_get(keys)]  # waits for every group's first rank
+            report["comm"]["tp_groups"] = groups
+            slowest = min(g["results"][-1]["busbw_gbs"] for g in groups)
+            summary.append(f"slowest tp group busbw {slowest:.2f} GB/s over {len(groups)} groups")
+    outcome: dict[str, Any] = {"ok": True, "code": 0, "message": "; ".join(summary) or "post-rendezvous checks passed"}
+    if "compute" in names:
+        keys = [f"{registry.PREFIX}compute/{r}" for r in range(info.world_size)]
+        times = {r: float(v) for r, v in enumerate(store.multi_get(keys))}
+        verdict = judge_compute(times, float(info.run["watchdog"]["straggler_factor"]), hosts, info.gpus_per_node)
+        report["compute"] = {**verdict, "seconds": times}
+        if verdict["slow"]:
+            named = ", ".join(f"rank {c['rank']} on {c['host']} ({c['reason']})" for c in verdict["slow"])
+            outcome = {
+                "ok": False,
+                "code": int(ExitCode.STRAGGLER),
+                "message": f"compute check: slower than {verdict['factor']}x the median: {named}",
+                "culprits": verdict["slow"],
+            }
+    write_json_atomic(info.attempt_dir / "checks.json", report)
+    return outcome

@@ -1,0 +1,39 @@
+"""Faults for the runtime tests, injected into one rank's Python at start-up.
+
+Put this directory on PYTHONPATH and set CLUSTERCTL_TEST_FAULT=<kind>:<rank>.
+Each fault imitates a broken node or process as the controller would meet it.
+"""
+
+import os
+import sys
+import time
+
+_kind, _, _rank = os.environ.get("CLUSTERCTL_TEST_FAULT", "").partition(":")
+if _kind and os.environ.get("RANK") == _rank and "clusterctl.launch" in getattr(sys, "orig_argv", []):
+    if _kind == "never":  # hangs before it can register
+        time.sleep(3600)
+    elif _kind == "crash":  # dies before it can register
+        sys.stderr.write("fault: this node's Python environment is broken\n")
+        sys.exit(3)
+    elif _kind == "wrongnode":
+        os.environ["SLURMD_NODENAME"] = "elsewhere"
+    elif _kind == "stale":
+        os.environ["CLUSTERCTL_TOKEN"] = "token-of-a-previous-attempt"
+    elif _kind == "world":
+        os.environ["WORLD_SIZE"] = "8"
+    elif _kind == "dup":
+        os.environ["RANK"] = str(int(_rank) - 1)
+    elif _kind == "version":
+        import torch
+
+        torch.__version__ = "2.0.0+other"
+    elif _kind == "slow":
+        import torch
+
+        _matmul = torch.matmul
+
+        def _slow_matmul(*args, **kwargs):
+            time.sleep(0.02)
+            return _matmul(*args, **kwargs)
+
+        torch.matmul = _slow_matmul

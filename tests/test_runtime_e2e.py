@@ -1,0 +1,127 @@
+"""Start-up failures end to end, on the real Slurm test cluster and on the local backend.
+
+A 2-node x 2-rank job whose rank 3 (or 1) is broken in one way; the attempt
+must end with the documented code and a verdict that names the rank and host,
+and the batch log must say it. Faults are injected by
+tests/programs/faults/sitecustomize.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.backends import get_backend
+from clusterctl.exitcodes import ExitCode
+from clusterctl.job import load_job
+from clusterctl.submit import submit_job
+
+ROOT = Path(__file__).resolve().parent.parent
+FAULTS = ROOT / "tests" / "programs" / "faults"
+BACKEND_SITES = {"slurm": "slurm-lab", "local": "local"}
+CHECKS = ["gpu", "cpu", "memory", "dirs", "shared_fs"]  # the lab's mlx5 NICs are fiction: no nic check
+
+
+@pytest.fixture(params=["slurm", "local"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "slurm":
+        lab = request.getfixturevalue("slurm_lab")
+        monkeypatch.setenv("SLURM_CONF", lab.conf)
+    else:
+        monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
+    return request.param
+
+
+def run_job(backend: str, tmp_path: Path, fault: str | None, *, checks: list[str] = CHECKS, **extra: object) -> tuple:
+    env = {"PYTHONPATH": str(FAULTS)}
+    if fault:
+        env["CLUSTERCTL_TEST_FAULT"] = fault
+    spec = {
+        "name": "e2e",
+        "site": BACKEND_SITES[backend],
+        "time_limit": "10m",
+        "nodes": 2,
+        "gpus_per_node": 2,
+        "parallel": {"tp": 2},
+        "signal": {"lead_s": 60},
+        "rendezvous": {"timeout": 8},
+        "preflight": {"checks": checks},
+        "runs_root": str(tmp_path / "runs"),
+        "env": env,
+        "command": ["python3", "-c", "print('rank ran')"],
+        **extra,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(spec))
+    job = load_job(path)
+    done = submit_job(job, backend)
+    be = get_backend(backend)
+    deadline = time.monotonic() + 120
+    while True:
+        info = be.info(done.job_id)
+        if info is not None and info.finished:
+            break
+        assert time.monotonic() < deadline, f"job {done.job_id} still {info}"
+        time.sleep(0.3)
+    run = done.run
+    batch_log = (run.path / f"slurm-{done.job_id}.out").read_text()
+    verdict_path = run.attempt(1) / "verdict.json"
+    verdict = json.loads(verdict_path.read_text()) if verdict_path.exists() else None
+    events = [json.loads(line) for line in (run.path / "attempts.jsonl").read_text().splitlines()]
+    return info, verdict, batch_log, events, run
+
+
+def hosts(run) -> list[str]:  # noqa: ANN001
+    return json.loads((run.attempt(1) / "attempt.json").read_text())["hosts"]
+
+
+def test_healthy_job_runs(backend: str, tmp_path: Path) -> None:
+    info, verdict, log, events, run = run_job(backend, tmp_path, None)
+    assert events[-1]["exit"] == 0, log
+    assert verdict["ok"] and "all 4 ranks registered" in log
+    manifest = json.loads((run.attempt(1) / "manifest.json").read_text())
+    assert [r["host"] for r in manifest["ranks"]] == [h for h in hosts(run) for _ in (0, 1)]
+    assert all(r["versions"]["torch"] for r in manifest["ranks"])
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "expected"),
+    [
+        ("never:3", ExitCode.RENDEZVOUS_FAILED, "1 of 4 ranks never arrived: ranks 3 on {h1}"),
+        ("crash:3", ExitCode.RENDEZVOUS_FAILED, "rank 3 on {h1} failed before registering: fault: this node's Python environment is broken"),
+        ("wrongnode:3", ExitCode.RENDEZVOUS_FAILED, "rank 3 runs on elsewhere, the plan puts it on {h1}"),
+        ("stale:3", ExitCode.RENDEZVOUS_FAILED, "carries another attempt's token: a stale process"),
+        ("world:1", ExitCode.RENDEZVOUS_FAILED, "rank 1 on {h0} was started with WORLD_SIZE=8, the plan has 4"),
+        ("dup:3", ExitCode.RENDEZVOUS_FAILED, "rank 2 registered 2 times"),
+        ("version:3", ExitCode.RENDEZVOUS_FAILED, "torch versions differ"),
+    ],
+    ids=lambda v: v.split(":")[0] if isinstance(v, str) and ":" in v else None,
+)
+def test_startup_failure_names_rank_and_host(backend: str, tmp_path: Path, fault: str, code: int, expected: str) -> None:
+    info, verdict, log, events, run = run_job(backend, tmp_path, fault)
+    h = hosts(run)
+    text = expected.format(h0=h[0], h1=h[1])
+    assert events[-1]["exit"] == code, log
+    assert verdict["code"] == code and text in verdict["message"], verdict
+    assert text in log  # the batch log's last lines say it
+    assert "version:3" != fault or "2.0.0+other on ranks 3" in verdict["message"]
+
+
+def test_preflight_failure_names_the_nodes(backend: str, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    info, verdict, log, events, run = run_job(backend, tmp_path, None, checkpoint={"dir": str(blocker / "ckpt")})
+    assert events[-1]["exit"] == ExitCode.PREFLIGHT_FAILED, log
+    assert verdict["evidence"]["nodes"] == sorted(hosts(run))
+    assert "dirs" in verdict["message"] and "Not a directory" in verdict["message"]
+
+
+def test_compute_check_names_the_slow_rank(backend: str, tmp_path: Path) -> None:
+    info, verdict, log, events, run = run_job(backend, tmp_path, "slow:3", checks=[*CHECKS, "compute", "comm"])
+    assert events[-1]["exit"] == ExitCode.STRAGGLER, log
+    assert verdict["culprits"][0]["rank"] == 3 and verdict["culprits"][0]["host"] == hosts(run)[1]
+    checks = json.loads((run.attempt(1) / "checks.json").read_text())
+    assert checks["comm"]["world"][-1]["busbw_gbs"] > 0 and len(checks["comm"]["tp_groups"]) == 2
