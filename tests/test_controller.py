@@ -190,3 +190,23 @@ def test_every_registration_check_at_once(tmp_path: Path) -> None:
     code, _ = ctl.stop()
     assert code == ExitCode.RENDEZVOUS_FAILED
     assert json.loads((ctl.attempt / "verdict.json").read_text())["verdict"] == "rendezvous_failed"
+
+
+def test_a_taken_port_moves_the_store_to_the_next_free_one() -> None:
+    """Two jobs on one node, or a requeued attempt whose hash lands on a busy port, must not collide."""
+    import socket
+
+    from clusterctl.runtime.controller import reserve_port
+
+    busy = socket.socket()
+    busy.bind(("", 0))
+    taken = busy.getsockname()[1]
+    try:
+        sock, port = reserve_port(taken, (taken, taken + 10))
+        sock.close()
+        assert port == taken + 1
+        sock, port = reserve_port(taken + 10, (taken, taken + 10))  # wraps around inside the range
+        sock.close()
+        assert port in (taken + 10, taken + 1)
+    finally:
+        busy.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -177,3 +178,56 @@ def test_a_job_slurm_will_never_start_is_flagged(lab_env, tmp_path: Path) -> Non
         assert "pending with reason Partition" in warning and "will not start it" in warning
     finally:
         SlurmBackend().cancel(done.job_id)
+
+
+SAME_KEYS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+    "MASTER_ADDR", "CLUSTERCTL_GPU", "CLUSTERCTL_CPUS", "CLUSTERCTL_NUMA", "CLUSTERCTL_NODE_SLOT",
+    "CLUSTERCTL_TP_RANK", "CLUSTERCTL_DP_RANK", "CLUSTERCTL_PP_RANK", "CLUSTERCTL_CP_RANK", "CLUSTERCTL_EP_RANK",
+    "CLUSTERCTL_BIND", "affinity", "argv",
+)
+
+
+def test_local_backend_gives_the_same_rank_env(lab_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """The same 2 x 2 job on the real cluster and on the local backend: the ranks see the same world."""
+    from clusterctl.backends.local import LocalBackend
+
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
+    seen = {}
+    for backend, site in (("slurm", "slurm-lab"), ("local", "local")):
+        work = tmp_path / backend
+        work.mkdir()
+        job = load_job(lab_spec(work, site=site))
+        done = submit_job(job, backend)
+        be = SlurmBackend() if backend == "slurm" else LocalBackend()
+        deadline = time.monotonic() + 90
+        while not ((info := be.info(done.job_id)) and info.finished):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert info.state == "COMPLETED", (backend, info)
+        seen[backend] = reports(done.run)
+    assert sorted(seen["slurm"]) == sorted(seen["local"]) == [0, 1, 2, 3]
+    for rank in range(4):
+        slurm = {k: seen["slurm"][rank].get(k) for k in SAME_KEYS}
+        local = {k: seen["local"][rank].get(k) for k in SAME_KEYS}
+        assert slurm == local, rank
+
+
+def test_standalone_scripts_run_with_plain_sbatch(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
+    """What an admin does: render --standalone, then sbatch the script; no clusterctl on the nodes."""
+    from clusterctl.runfiles import write_rendered
+
+    out = tmp_path / "templates"
+    job = load_job(lab_spec(tmp_path))
+    write_rendered(job, out, standalone=True)
+    assert "clusterctl" not in (out / "wrapper.sh").read_text().split("cmd=(", 1)[1].split(")", 1)[0]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"  # no virtualenv: the clusterctl package is not importable
+    proc = subprocess.run(["sbatch", "--parsable", str(out / "job.sbatch")], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    info = wait_done(proc.stdout.strip().split(";")[0])
+    assert info.state == "COMPLETED", (out / f"slurm-{info.job_id}.out").read_text()
+    got = reports(RunDir(out))
+    assert sorted(got) == [0, 1, 2, 3]
+    assert {r["MASTER_ADDR"] for r in got.values()} == {"127.0.0.1"}
+    assert [got[r]["CLUSTERCTL_TP_RANK"] for r in range(4)] == ["0", "1", "0", "1"]

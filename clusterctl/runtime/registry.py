@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterctl.cpulist import format_cpulist
 from clusterctl.exitcodes import ExitCode
 
 PREFIX = "clusterctl/"
@@ -63,20 +64,8 @@ class Verdict:
 
 
 def _ranges(ranks: list[int]) -> str:
-    """`0-3,7` for messages."""
-    out, ordered = [], sorted(ranks)
-    start = prev = None
-    for r in ordered:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            out.append(f"{start}-{prev}" if prev != start else str(start))
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else str(start))
-    return ",".join(out)
+    """`0-3,7` for messages (the CPU-list notation)."""
+    return format_cpulist(ranks)
 
 
 def judge(
