@@ -25,6 +25,9 @@ BIND_TOOL = "CLUSTERCTL_BIND"  # numactl, taskset or none
 COORD_PREFIX = "CLUSTERCTL_"  # + TP_RANK, PP_RANK, DP_RANK, CP_RANK, EP_RANK
 COORDS = ("tp", "cp", "ep", "dp", "pp")
 
+# Set for ranks when the node runs a heartbeat aggregator (a Unix datagram socket).
+HEARTBEAT_SOCKET = "CLUSTERCTL_HEARTBEAT_SOCKET"
+
 # torch.distributed's own names.
 TORCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -155,11 +155,14 @@ def managed(argv: list[str]) -> int:
         if info.rank == 0:
             print(f"clusterctl: {' and '.join(post)} check passed (attempt-{info.attempt}/checks.json)", flush=True)
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # init_process_group joins the controller's store
+    rendezvous.CURRENT_STORE = store
     try:
         run_command(argv)
     except SystemExit as exc:
         if exc.code in (None, 0):
             return 0
+        if exc.code == ExitCode.PRE_TIMEOUT:
+            return int(ExitCode.PRE_TIMEOUT)  # saved and committed on request: not a failure
         rendezvous.report_error(store, info.rank, f"SystemExit({exc.code!r})", script_failed=True)
         raise
     except BaseException:

@@ -9,6 +9,7 @@ render instead of producing an empty string.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -202,6 +203,12 @@ def render_run(
     )
 
 
+def spec_hash(spec: Any) -> str:
+    """A short hash of the resolved spec: a checkpoint records which job wrote it."""
+    text = json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def build_run_json(
     plan: Plan,
     run_id: str | None,
@@ -234,6 +241,9 @@ def build_run_json(
         },
         "batch": {"micro": plan.batch.micro, "grad_accum": plan.batch.grad_accum, "global": plan.batch.global_batch},
         "seq_len": spec.seq_len,
+        "model": spec.model.model_dump(mode="json") if spec.model else None,
+        "precision": spec.precision.model_dump(mode="json"),
+        "spec_hash": spec_hash(spec),
         "argv": argv,
         "command": list(spec.command or []),
         "env": dict(sorted(spec.env.items())),

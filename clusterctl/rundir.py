@@ -12,7 +12,9 @@
         manifest.json          every rank's registration
         timeline.jsonl         heartbeats as received
         verdict.json           the controller's verdict
-        logs/                  per-node logs, lines prefixed by rank
+        metrics.jsonl          the trainer's per-step records (loss, step time, tokens/s, validation)
+        checks.json            comm/compute check results, when asked for
+        logs/                  per-node logs (node-<slot>.log), lines prefixed by rank
       checkpoints/
 """
 
@@ -41,6 +43,7 @@ MANIFEST = "manifest.json"
 TIMELINE = "timeline.jsonl"
 VERDICT = "verdict.json"
 LOGS = "logs"
+METRICS = "metrics.jsonl"  # per-step records of rank 0: step, loss, step time, tokens/s, validation
 
 
 def new_run_id(name: str, now: float | None = None) -> str:

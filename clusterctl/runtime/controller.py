@@ -93,6 +93,7 @@ class Controller:
         self.first_port = port
         self.done = threading.Event()
         self.store = None
+        self.stop_requested = False
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
@@ -110,6 +111,8 @@ class Controller:
         )
         placeholder.close()  # hand the port to the store at once
         self.store = host_store(port, self.world, self.timeout_s)
+        if self.stop_requested:  # the signal came while the store was starting
+            self.request_stop()
         log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
         return port
 
@@ -214,6 +217,13 @@ class Controller:
             manifest["groups"] = groups
         write_json_atomic(self.attempt_dir / rundir.MANIFEST, manifest)
 
+    def request_stop(self) -> None:
+        """The batch shell trapped the pre-timeout signal or a preemption: ask the ranks to save and stop."""
+        self.stop_requested = True
+        if self.store is not None:
+            self.store.set(registry.STOP, str(time.time()))
+            log("stop requested: the ranks save, commit and exit at their next step")
+
     # --- after the rendezvous ------------------------------------------------------
     def finish(self, verdict: registry.Verdict) -> int:
         """Host the store until the ranks are done; then the attempt's code."""
@@ -257,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     controller = Controller(args.attempt_dir, args.port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: controller.done.set())
+    signal.signal(signal.SIGUSR2, lambda *_: controller.request_stop())
     try:
         controller.start()
     except Exception as exc:  # noqa: BLE001 - reported to the batch log, then a verdict code

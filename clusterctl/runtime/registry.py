@@ -22,6 +22,7 @@ FAILED = PREFIX + "failed"  # count of ranks whose script raised
 DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim," by every claimant after the first
 ERRORED = PREFIX + "errored"  # appended "rank," by every rank that wrote error_key(rank)
 POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks
+STOP = PREFIX + "stop"  # set by the controller when the batch shell asks the ranks to save and stop
 
 
 def parse_list(raw: bytes) -> list[str]:

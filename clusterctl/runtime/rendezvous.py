@@ -17,6 +17,9 @@ from clusterctl.runtime.rankinfo import RankInfo
 
 VERDICT_GRACE_S = 30  # the controller judges at its deadline; allow it time to answer
 
+CURRENT_STORE: Any = None
+"""The rank's client of the controller's store, once registered (None outside a managed attempt)."""
+
 
 def connect(info: RankInfo, timeout_s: float):  # noqa: ANN201 - torch type
     from torch.distributed import TCPStore

@@ -1,0 +1,182 @@
+"""The recovery contract, for the reference trainer and for your own script.
+
+A training script adopts it with a few lines:
+
+    from clusterctl.trainer import Contract
+
+    contract = Contract(model, optimizer, sampler=sampler)   # settings from the job spec
+    start = contract.resume()                                 # the latest committed generation, if any
+    for step in range(start, total_steps):
+        ...                                                   # forward, backward, optimizer step
+        contract.after_step(step)                             # saves on schedule; on pre-timeout: save, commit, exit 85
+    contract.close()
+
+`after_step` is collective (every rank calls it each step): it agrees on
+whether to stop through one tiny all-reduce, so every rank saves the same
+step. A stop is requested by the controller (the batch shell trapped the
+pre-timeout signal or a preemption) or by SIGUSR2/SIGTERM reaching the rank
+directly (standalone scripts).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from clusterctl import envnames, rundir
+from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime import registry
+from clusterctl.runtime.heartbeat import Heartbeat
+
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+def run_settings() -> dict[str, Any]:
+    """run.json when running under clusterctl, else {}."""
+    run_dir = os.environ.get(envnames.RUN_DIR)
+    if not run_dir:
+        return {}
+    return json.loads((Path(run_dir) / rundir.RUN_JSON).read_text())
+
+
+def rng_state() -> dict[str, str]:
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available():
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return state
+
+
+def set_rng_state(state: dict[str, str]) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+
+
+class Contract:
+    """Checkpoint schedule, resume, pre-timeout stop and heartbeats for one training loop."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        sampler: Any = None,
+        directory: str | Path | None = None,
+        interval: int | None = None,
+        keep: int | None = None,
+        asynchronous: bool | None = None,
+    ) -> None:
+        from clusterctl.checkpoint import Checkpointer
+
+        run = run_settings()
+        ckpt = run.get("checkpoint", {})
+        run_dir = os.environ.get(envnames.RUN_DIR)
+        default_dir = Path(run_dir) / rundir.CHECKPOINTS if run_dir else Path("checkpoints")
+        self.directory = Path(directory or ckpt.get("dir") or default_dir)
+        configured = ckpt.get("interval", 1000)
+        self.interval = interval or (configured if isinstance(configured, int) else 1000)
+        self.asynchronous = ckpt.get("async", False) if asynchronous is None else asynchronous
+        self.model, self.optimizer, self.sampler = model, optimizer, sampler
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.heartbeat = Heartbeat(self.rank, int(os.environ.get(envnames.ATTEMPT, "0") or 0))
+        self.checkpointer = Checkpointer(
+            self.directory,
+            keep=keep or ckpt.get("keep", 2),
+            rank=self.rank,
+            world_size=self.world,
+            spec_hash=run.get("spec_hash", ""),
+            layout=run.get("parallel"),
+        )
+        self._stop_local = False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        self.last_saved: int | None = None
+
+    # --- state --------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def _extra(self, step: int) -> dict[str, Any]:
+        extra: dict[str, Any] = {"step": step, "rng": rng_state()}
+        if self.sampler is not None:
+            extra["sampler"] = self.sampler.state_dict()
+        return extra
+
+    def resume(self) -> int:
+        """Load the newest committed generation; the step to continue from (0 without one)."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        generation = self.checkpointer.latest()
+        if generation is None:
+            return 0
+        state = self._state()
+        extra = self.checkpointer.load(generation, state)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if self.sampler is not None and "sampler" in extra:
+            self.sampler.load_state_dict(extra["sampler"])
+        if "rng" in extra:
+            set_rng_state(extra["rng"])
+        self.last_saved = generation.step
+        return generation.step + 1
+
+    def save(self, step: int, *, asynchronous: bool | None = None) -> None:
+        """A collective save of everything needed to continue after `step`."""
+        self.heartbeat.phase("save", step)
+        use_async = self.asynchronous if asynchronous is None else asynchronous
+        self.checkpointer.save(step, self._state(), self._extra(step), asynchronous=use_async)
+        self.last_saved = step
+
+    # --- the per-step hook -----------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        self._stop_local = True
+
+    def _stop_requested_here(self) -> bool:
+        if self._stop_local:
+            return True
+        if self.rank == 0:
+            from clusterctl.runtime import rendezvous
+
+            store = rendezvous.CURRENT_STORE
+            if store is not None and store.check([registry.STOP]):
+                self._stop_local = True
+        return self._stop_local
+
+    def stop_agreed(self) -> bool:
+        """Whether any rank was asked to stop: one all-reduce, so every rank answers alike."""
+        wanted = self._stop_requested_here()
+        if not dist.is_initialized():
+            return wanted
+        device = next(self.model.parameters()).device
+        flag = torch.tensor([1 if wanted else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def after_step(self, step: int) -> None:
+        """Save when the interval comes round; on a stop request save synchronously and exit 85."""
+        if self.stop_agreed():
+            self.checkpointer.wait()
+            if self.last_saved != step:
+                self.save(step, asynchronous=False)
+            self.checkpointer.wait()
+            if self.rank == 0:
+                print(f"clusterctl: stop requested; step {step} committed, exiting {int(ExitCode.PRE_TIMEOUT)}", flush=True)
+            self.close()
+            raise SystemExit(int(ExitCode.PRE_TIMEOUT))
+        if (step + 1) % self.interval == 0:
+            self.save(step)
+
+    def close(self) -> None:
+        self.checkpointer.wait()
+        self.checkpointer.close()
+        self.heartbeat.close()

@@ -1,0 +1,211 @@
+"""The reference training loop: DDP or FSDP2, gradient accumulation, the recovery contract.
+
+Deterministic on CPU (gloo, pinned threads, deterministic algorithms): two
+runs from the same checkpoint produce bitwise-equal losses, which the resume
+test relies on. bf16 autocast where the device supports it (CUDA with bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from clusterctl import envnames, rundir
+from clusterctl.trainer.contract import Contract
+from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression
+from clusterctl.trainer.models import MLP, TinyGPT
+from clusterctl.trainer.sampler import DistributedSampler
+
+DATASET_SIZE = 1 << 20
+
+
+@dataclass
+class TrainConfig:
+    model: str = "transformer"  # transformer | mlp
+    steps: int = 200
+    micro: int = 4
+    grad_accum: int = 1
+    seq_len: int = 64
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    ffn: int = 256
+    vocab: int = 256
+    lr: float = 3e-3
+    seed: int = 0
+    parallel: str = "ddp"  # ddp | fsdp
+    eval_interval: int = 25
+    eval_samples: int = 64
+    target_loss: float | None = None
+    record_samples: bool = False
+    out_dir: str | None = None  # where metrics go outside clusterctl
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def out_dir(config: TrainConfig) -> Path:
+    attempt = os.environ.get(envnames.ATTEMPT_DIR)
+    path = Path(attempt) if attempt else Path(config.out_dir or "trainer-out")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def setup() -> tuple[int, int, torch.device]:
+    """Join the process group (env://; under clusterctl it is the controller's store)."""
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        torch.use_deterministic_algorithms(True)
+        device = torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def build(config: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, Any]:
+    torch.manual_seed(config.seed)  # identical initial weights on every rank
+    if config.model == "mlp":
+        return MLP(config.hidden, 4 * config.hidden, config.layers).to(device), Regression(config.hidden, config.seed)
+    model = TinyGPT(config.vocab, config.seq_len, config.layers, config.hidden, config.heads, config.ffn).to(device)
+    return model, MarkovTokens(config.vocab, config.seq_len, config.seed)
+
+
+def wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.nn.Module:
+    if config.parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in getattr(model, "blocks", []):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def autocast(device: torch.device) -> Any:
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+def loss_of(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> torch.Tensor:
+    inputs, targets = (t.to(device) for t in batch)
+    with autocast(device):
+        return model(inputs, targets)
+
+
+def evaluate(model: torch.nn.Module, data: Any, config: TrainConfig, rank: int, world: int, device: torch.device) -> float:
+    ids = [HELD_OUT_BASE + i for i in range(rank, config.eval_samples, world)]
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for start in range(0, len(ids), config.micro):
+            chunk = ids[start : start + config.micro]
+            total[0] += loss_of(model, data.batch(chunk), device).double() * len(chunk)
+            total[1] += len(chunk)
+    dist.all_reduce(total)
+    return float(total[0] / total[1])
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    rank, world, device = setup()
+    model, data = build(config, device)
+    model = wrap(model, config, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+    sampler = DistributedSampler(DATASET_SIZE, rank, world, seed=config.seed)
+    contract = Contract(model, optimizer, sampler=sampler)
+    start = contract.resume()
+    where = out_dir(config)
+    metrics = open(where / rundir.METRICS, "a") if rank == 0 else None
+    samples = open(where / f"samples-rank{rank}.jsonl", "a") if config.record_samples else None
+    tokens_per_sample = config.seq_len if config.model == "transformer" else 1
+    step_times: list[float] = []
+    reached: dict[str, Any] | None = None
+    began = time.time()
+    hb = contract.heartbeat
+    if rank == 0:
+        print(f"training {config.model} ({config.parallel}) on {world} ranks from step {start} to {config.steps}", flush=True)
+    for step in range(start, config.steps):
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), dtype=torch.float64, device=device)
+        used: list[int] = []
+        for micro in range(config.grad_accum):
+            ids = sampler.take(config.micro)
+            used += ids
+            hb.phase("forward", step)
+            loss = loss_of(model, data.batch(ids), device) / config.grad_accum
+            hb.phase("backward", step)
+            sync = micro == config.grad_accum - 1 or not hasattr(model, "no_sync")
+            if sync:
+                loss.backward()
+            else:
+                with model.no_sync():
+                    loss.backward()
+            step_loss += loss.detach().double()
+        compute_s = time.perf_counter() - t0
+        hb.phase("optimizer", step)
+        optimizer.step()
+        hb.phase("collective", step)
+        dist.all_reduce(step_loss)
+        mean_loss = float(step_loss) / world
+        step_s = time.perf_counter() - t0
+        step_times.append(step_s)
+        hb.step_done(step, step_s, compute_s)
+        if samples is not None:
+            samples.write(json.dumps({"step": step, "ids": used}) + "\n")
+            samples.flush()
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": mean_loss,
+            "loss_hex": float.hex(mean_loss),
+            "step_s": round(step_s, 6),
+            "compute_s": round(compute_s, 6),
+            "tokens_per_s": round(config.micro * config.grad_accum * world * tokens_per_sample / step_s, 1),
+        }
+        if config.eval_interval and (step + 1) % config.eval_interval == 0:
+            record["val_loss"] = evaluate(model, data, config, rank, world, device)
+            if reached is None and config.target_loss is not None and record["val_loss"] <= config.target_loss:
+                reached = {"step": step, "seconds": round(time.time() - began, 3), "val_loss": record["val_loss"]}
+                record["target_reached"] = reached
+                if rank == 0:
+                    print(f"target validation loss {config.target_loss} reached at step {step} after {reached['seconds']} s", flush=True)
+        if metrics is not None:
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+        hb.phase("idle", step)
+        contract.after_step(step)
+    contract.close()
+    summary = summarize(step_times, config, world, tokens_per_sample, reached)
+    if rank == 0:
+        print("clusterctl trainer: " + json.dumps(summary), flush=True)
+        (where / "trainer-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    for fh in (metrics, samples):
+        if fh is not None:
+            fh.close()
+    dist.destroy_process_group()
+    return summary
+
+
+def summarize(step_times: list[float], config: TrainConfig, world: int, tokens_per_sample: int, reached: Any) -> dict[str, Any]:
+    if not step_times:
+        return {"steps": 0, "target": config.target_loss, "target_reached": reached}
+    ordered = sorted(step_times)
+    median = statistics.median(ordered)
+    return {
+        "steps": len(step_times),
+        "step_s": {"p50": round(median, 4), "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 4), "max": round(ordered[-1], 4)},
+        "tokens_per_s": round(config.micro * config.grad_accum * world * tokens_per_sample / median, 1),
+        "target": config.target_loss,
+        "target_reached": reached,
+    }
