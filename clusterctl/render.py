@@ -255,7 +255,10 @@ def build_run_json(
         },
         "signal": {"name": spec.signal.name, "lead_s": spec.signal.lead_s},
         "time_limit_s": spec.time_limit,
-        "checkpoint": spec.checkpoint.model_dump(by_alias=True),
+        "checkpoint": {
+            **spec.checkpoint.model_dump(by_alias=True),
+            "auto_interval_s": plan.checkpoint.interval_s if plan.checkpoint else None,
+        },
         "restart": spec.restart.model_dump(),
         "watchdog": spec.watchdog.model_dump(),
         "preflight": spec.preflight.model_dump(),

@@ -213,6 +213,10 @@ class Checkpoint(Section):
     ] = Field(1000, description="steps between saves, or auto (Young/Daly)")
     keep: PositiveInt = Field(2, description="committed generations to retain")
     async_: bool = Field(False, alias="async", description="save in the background while training continues")
+    save_seconds: float | None = Field(
+        None, gt=0, description="measured time of one save (default: estimated from the state size and the site's bandwidth)"
+    )
+    mtbf: Seconds | None = Field(None, description="mean time between failures of the whole job (default: the site's node MTBF / nodes)")
 
 
 class Restart(Section):

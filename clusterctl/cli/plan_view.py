@@ -167,6 +167,23 @@ def _memory(plan: Plan) -> Table | Text:
     return table
 
 
+def _checkpoint(plan: Plan) -> Table | Text:
+    advice = plan.checkpoint
+    if advice is None:
+        return Text("Checkpoint interval: give the model (or checkpoint.save_seconds) for a Young/Daly estimate", style="dim")
+    table = Table(title="Checkpoint interval (Young/Daly: sqrt(2 x save x MTBF))", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    how = "estimated from the state size and the site's write bandwidth" if advice.save_estimated else "measured"
+    table.add_row("save cost", f"{format_duration(advice.save_s)} ({how})")
+    table.add_row("job MTBF", format_duration(advice.mtbf_s))
+    table.add_row("suggested interval", format_duration(advice.interval_s))
+    table.add_row("expected time lost", f"{advice.lost_fraction:.2%} (saving + work redone after failures)")
+    configured = plan.spec.checkpoint.interval
+    table.add_row("configured", "auto (the suggestion, in steps of the measured step time)" if configured == "auto" else f"every {configured} steps")
+    return table
+
+
 def verdict_line(plan: Plan) -> Text | None:
     """The FITS / DOES NOT FIT line, with the reason for the margin."""
     mem = plan.memory
@@ -185,7 +202,7 @@ RESERVE_NOTE = "10% kept free for CUDA context, NCCL buffers and fragmentation"
 
 
 def render_plan(plan: Plan, console: Console) -> None:
-    parts = [_summary(plan), _rank_map(plan), _groups(plan), _rails(plan), _batch(plan), _memory(plan)]
+    parts = [_summary(plan), _rank_map(plan), _groups(plan), _rails(plan), _batch(plan), _memory(plan), _checkpoint(plan)]
     console.print(Group(*parts))
     verdict = verdict_line(plan)
     if verdict is not None:

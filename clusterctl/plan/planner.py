@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from clusterctl import hostlist
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
+from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
@@ -48,6 +49,7 @@ class Plan:
     groups: dict[str, list[list[int]]]
     traffic: dict[str, GroupTraffic]
     dp_rails: list[list[int]]
+    checkpoint: IntervalAdvice | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -103,6 +105,7 @@ class Plan:
             "traffic": {k: t.as_dict() for k, t in self.traffic.items()},
             "dp_rails": self.dp_rails,
             "memory": self.memory.as_dict() if self.memory else None,
+            "checkpoint": self.checkpoint.as_dict() if self.checkpoint else None,
             "warnings": self.warnings,
         }
 
@@ -145,6 +148,7 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec") -> Plan:
             " topology: Slurm may split a domain's nodes"
         )
     return Plan(
+        checkpoint=_interval(spec, site, memory, dims),
         spec=spec,
         site=site,
         partition=partition,
@@ -350,6 +354,22 @@ def _nvlink_problems(
                 )
                 break
     return problems
+
+
+def _interval(spec: JobSpec, site: Site, memory: MemoryEstimate | None, dims: Dims) -> IntervalAdvice | None:
+    """Young/Daly advice: needs a save cost, measured (checkpoint.save_seconds) or estimated from the state size."""
+    if memory is None and spec.checkpoint.save_seconds is None:
+        return None
+    state = (memory.params + memory.optimizer) if memory is not None else 0
+    return advise(
+        state,
+        dims.gpus_per_node,
+        site.reliability.checkpoint_write_gbs_per_node,
+        site.reliability.node_mtbf_hours,
+        dims.nodes + spec.spares,
+        save_seconds=spec.checkpoint.save_seconds,
+        job_mtbf_s=spec.checkpoint.mtbf,
+    )
 
 
 def _memory(spec: JobSpec, node_type: NodeType, layout: RankLayout, batch: BatchPlan) -> MemoryEstimate | None:

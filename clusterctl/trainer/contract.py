@@ -24,6 +24,7 @@ import base64
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,12 @@ class Contract:
         default_dir = Path(run_dir) / rundir.CHECKPOINTS if run_dir else Path("checkpoints")
         self.directory = Path(directory or ckpt.get("dir") or default_dir)
         configured = ckpt.get("interval", 1000)
-        self.interval = interval or (configured if isinstance(configured, int) else 1000)
+        # interval: auto -> the plan's Young/Daly seconds, turned into steps once step times are known.
+        self.auto_interval_s = ckpt.get("auto_interval_s") if configured == "auto" and not interval else None
+        self.interval: int | None = interval or (configured if isinstance(configured, int) else None)
+        if self.interval is None and self.auto_interval_s is None:
+            self.interval = 1000
+        self._step_marks: list[float] = []
         self.asynchronous = ckpt.get("async", False) if asynchronous is None else asynchronous
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -173,8 +179,28 @@ class Contract:
                 print(f"clusterctl: stop requested; step {step} committed, exiting {int(ExitCode.PRE_TIMEOUT)}", flush=True)
             self.close()
             raise SystemExit(int(ExitCode.PRE_TIMEOUT))
-        if (step + 1) % self.interval == 0:
+        if self.interval is None:
+            self._learn_interval()
+        if self.interval is not None and (step + 1) % self.interval == 0:
             self.save(step)
+
+    def _learn_interval(self, warmup: int = 5) -> None:
+        """For `interval: auto`: the Young/Daly seconds over the median step time, once known."""
+        self._step_marks.append(time.perf_counter())
+        if len(self._step_marks) <= warmup:
+            return
+        gaps = sorted(b - a for a, b in zip(self._step_marks, self._step_marks[1:]))
+        median = gaps[len(gaps) // 2]
+        steps = max(1, round(float(self.auto_interval_s or 0) / max(median, 1e-6)))
+        # Every rank must pick the same interval: rank 0's choice, broadcast.
+        if dist.is_initialized():
+            device = next(self.model.parameters()).device
+            chosen = torch.tensor([steps], dtype=torch.int64, device=device)
+            dist.broadcast(chosen, src=0)
+            steps = int(chosen.item())
+        self.interval = steps
+        if self.rank == 0:
+            print(f"clusterctl: checkpoint interval auto: every {steps} steps (~{self.auto_interval_s:.0f} s)", flush=True)
 
     def close(self) -> None:
         self.checkpointer.wait()

@@ -47,6 +47,8 @@ class TrainConfig:
     target_loss: float | None = None
     record_samples: bool = False
     out_dir: str | None = None  # where metrics go outside clusterctl
+    checkpoint_dir: str | None = None  # default: the job's checkpoint.dir, or <run>/checkpoints
+    checkpoint_interval: int | None = None  # default: the job's checkpoint.interval
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,7 +125,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     model = wrap(model, config, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     sampler = DistributedSampler(DATASET_SIZE, rank, world, seed=config.seed)
-    contract = Contract(model, optimizer, sampler=sampler)
+    contract = Contract(
+        model, optimizer, sampler=sampler, directory=config.checkpoint_dir, interval=config.checkpoint_interval
+    )
     start = contract.resume()
     where = out_dir(config)
     metrics = open(where / rundir.METRICS, "a") if rank == 0 else None
