@@ -123,6 +123,17 @@ class Network(Section):
     )
 
 
+class Reliability(Section):
+    """What the admin knows about failures and storage, for the checkpoint interval (Young/Daly)."""
+
+    node_mtbf_hours: float = Field(
+        5000.0, gt=0, description="mean time between failures of one node (Llama 3's 16k-GPU run: ~5,600 h)"
+    )
+    checkpoint_write_gbs_per_node: float = Field(
+        2.0, gt=0, description="sustained checkpoint write bandwidth of one node to the checkpoint filesystem, GB/s"
+    )
+
+
 class ContainerRuntime(Section):
     plugin: Literal["pyxis", "none"] = "none"
 
@@ -139,6 +150,7 @@ class Site(Section):
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment for every rank (NCCL/UCX)")
     modules: list[str] = Field(default_factory=list)
     container: ContainerRuntime = Field(default_factory=ContainerRuntime)
+    reliability: Reliability = Field(default_factory=Reliability)
     templates: str | None = Field(None, description="directory of templates overriding the shipped ones")
     oversubscribe: bool = Field(False, description="emulated GPUs may share CPUs (local and test sites)")
     runs_root: str | None = None
