@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BARRIER = ROOT / "bench" / "programs" / "first_barrier.py"
-MB_PER_PROCESS = 300  # a python process with torch imported, measured here ~250-290 MB
+MB_PER_PROCESS = 140  # a process with torch imported: torchrun at N=64 (128 processes) peaks near 17 GB here
 
 
 def free_port() -> int:
