@@ -236,6 +236,45 @@ def _node_type_problems(site: Site, name: str, nt: NodeType) -> list[Problem]:
     return problems
 
 
+def rail_optimized(nt: NodeType) -> bool:
+    """Every GPU has its own first NIC, each on a distinct rail (a rail-optimized fabric)."""
+    if nt.gpu_vendor == "emulated" or len(nt.gpus) < 2 or any(not g.nics for g in nt.gpus):
+        return False
+    firsts = [g.nics[0] for g in nt.gpus]
+    rails = [nt.nics[n].rail if n in nt.nics else None for n in firsts]
+    return len(set(firsts)) == len(firsts) and None not in rails and len(set(rails)) == len(rails)
+
+
+def site_warnings(site: Site) -> list[str]:
+    """What `site validate` reports without failing: legal, but probably not what the admin meant."""
+    warnings: list[str] = []
+    for name, nt in site.node_types.items():
+        if nt.gpu_vendor == "emulated":
+            continue
+        users: dict[str, list[Gpu]] = {}
+        for gpu in nt.gpus:
+            for nic in gpu.nics:
+                users.setdefault(nic, []).append(gpu)
+        for nic, gpus in users.items():
+            numas = sorted({g.numa for g in gpus if g.numa is not None})
+            if len(numas) > 1:
+                by_numa = "; ".join(
+                    f"NUMA {n}: GPU {hostlist.compress([str(g.index) for g in gpus if g.numa == n])}" for n in numas
+                )
+                warnings.append(
+                    f"node_types.{name}.nics.{nic}: shared by GPUs on different NUMA nodes ({by_numa});"
+                    " the traffic of GPUs on a NUMA node other than the NIC's crosses the interconnect between them"
+                )
+    if "NCCL_CROSS_NIC" not in site.env:
+        railed = [name for name, nt in site.node_types.items() if rail_optimized(nt)]
+        if railed:
+            warnings.append(
+                f"env.NCCL_CROSS_NIC is not set, but node type {', '.join(railed)} is rail-optimized (each GPU has"
+                " its own NIC on its own rail); set NCCL_CROSS_NIC: 0 so NCCL keeps each rail's traffic on its rail"
+            )
+    return warnings
+
+
 def _partition_problems(site: Site) -> list[Problem]:
     problems = []
     defaults = [n for n, p in site.partitions.items() if p.default]
