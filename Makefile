@@ -1,5 +1,5 @@
 # Two entry points, each doing its own set-up idempotently:
-#   make demo   plan the example job (the main job, on the embedded local site)
+#   make demo   plan and run the quickstart job (the main job, on the embedded local backend)
 #   make test   the whole test suite (unit, CLI, and real-Slurm tests)
 PYTHON ?= python3
 VENV := .venv
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(BIN)/clusterctl plan examples/quickstart.yaml
-	$(BIN)/clusterctl plan examples/llama-70b.yaml --site dgx-h100
+	$(BIN)/clusterctl submit examples/quickstart.yaml --wait
 
 # System tools the tests use: shellcheck for the rendered scripts. The Slurm
 # test cluster installs its own packages (tests/slurmlab/lab.sh install).

@@ -8,11 +8,12 @@ import typer
 from rich.text import Text
 
 from clusterctl import rundir
-from clusterctl.backends import BACKENDS
+from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.job import load_job
 from clusterctl.submit import submit_job
+from clusterctl.watch import follow
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +24,7 @@ def register(app: typer.Typer) -> None:
             Optional[str], typer.Option("--backend", "-b", help=f"one of {', '.join(BACKENDS)} (default: local for the local site, else slurm)")
         ] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="create the run directory but submit nothing")] = False,
+        wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends; exit with its code")] = False,
         site: SiteOpt = None,
         set_: SetOpt = None,
     ) -> None:
@@ -39,3 +41,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"logs: {done.run.path}/slurm-{done.job_id}.out and {done.run.path}/{rundir.ATTEMPT_PREFIX}N/{rundir.LOGS}/")
         for warning in done.warnings:
             console.print(Text.assemble(("warning: ", "yellow"), warning))
+        if wait:
+            outcome = follow(get_backend(done.backend), done.job_id, done.run, lambda line: console.print(line))
+            console.print(outcome.summary)
+            raise typer.Exit(outcome.exit_code if outcome.exit_code is not None else 1)

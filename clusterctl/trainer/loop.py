@@ -119,7 +119,22 @@ def evaluate(model: torch.nn.Module, data: Any, config: TrainConfig, rank: int, 
     return float(total[0] / total[1])
 
 
+def check_layout() -> None:
+    """The reference trainer is data parallel only: refuse a plan that asks for more."""
+    from clusterctl.trainer.contract import run_settings
+
+    par = run_settings().get("parallel") or {}
+    other = {k: v for k, v in par.items() if k in ("tp", "pp", "cp", "ep") and v != 1}
+    if other:
+        dims = ", ".join(f"{k}={v}" for k, v in sorted(other.items()))
+        raise SystemExit(
+            f"clusterctl.trainer: the reference trainer is data parallel only (DDP or FSDP); the job asks for {dims}."
+            " Set them to 1, or run a trainer that implements them (the plan's groups are in attempt-N/manifest.json)."
+        )
+
+
 def train(config: TrainConfig) -> dict[str, Any]:
+    check_layout()
     rank, world, device = setup()
     model, data = build(config, device)
     model = wrap(model, config, device)

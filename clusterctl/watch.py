@@ -1,0 +1,78 @@
+"""Follow a submitted job until it ends, showing progress: state, attempt, step and loss."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clusterctl import rundir
+from clusterctl.backends import Backend, JobInfo
+from clusterctl.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class Outcome:
+    info: JobInfo | None
+    exit_code: int | None
+    verdict: dict[str, Any] | None
+    summary: str
+
+
+def last_line(path: Any) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 4096))
+            lines = fh.read().decode(errors="replace").strip().splitlines()
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+
+
+def progress(run: RunDir) -> str:
+    """One line: the latest attempt and the trainer's latest step."""
+    attempts = run.attempts()
+    if not attempts:
+        return "waiting for the first attempt"
+    n = attempts[-1]
+    record = last_line(run.attempt(n) / rundir.METRICS)
+    if record is None:
+        verdict = run.attempt(n) / rundir.VERDICT
+        return f"attempt {n}: " + ("ranks running" if verdict.exists() else "starting ranks (preflight, rendezvous)")
+    text = f"attempt {n}: step {record['step']}, loss {record['loss']:.4f}"
+    if "val_loss" in record:
+        text += f", validation {record['val_loss']:.4f}"
+    return text
+
+
+def follow(backend: Backend, job_id: str, run: RunDir, show: Callable[[str], None], every_s: float = 1.0) -> Outcome:
+    """Poll until the job ends; `show` receives a progress line whenever it changes."""
+    shown = ""
+    info: JobInfo | None = None
+    while True:
+        info = backend.info(job_id)
+        line = f"{info.state if info else 'UNKNOWN'}: {progress(run)}"
+        if line != shown:
+            show(line)
+            shown = line
+        if info is None or info.finished:
+            break
+        time.sleep(every_s)
+    attempts = run.attempts()
+    verdict = None
+    if attempts:
+        path = run.attempt(attempts[-1]) / rundir.VERDICT
+        if path.exists():
+            verdict = json.loads(path.read_text())
+    code = info.exit_code if info else None
+    end = last_line(run.path / rundir.ATTEMPTS)
+    if end and end.get("event") == "end":
+        code = int(end.get("exit", code or 0))
+    summary = f"job {job_id} {info.state if info else 'gone'} with exit code {code}"
+    if verdict and not verdict.get("ok", True):
+        summary += f": {verdict['message']}"
+    return Outcome(info, code, verdict, summary)
