@@ -1,0 +1,75 @@
+"""The pre-timeout path end to end: the batch shell traps the signal, the
+controller sets the stop flag, the trainer saves and commits at its next
+step and the attempt ends with 85 — on the local backend and on real Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.backends import get_backend
+from clusterctl.checkpoint import latest_committed
+from clusterctl.exitcodes import ExitCode
+from clusterctl.job import load_job
+from clusterctl.submit import submit_job
+
+SITES = {"slurm": "slurm-lab", "local": "local"}
+
+
+@pytest.fixture(params=["local", "slurm"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "slurm":
+        monkeypatch.setenv("SLURM_CONF", request.getfixturevalue("slurm_lab").conf)
+    else:
+        monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
+    return request.param
+
+
+def test_signal_to_the_batch_shell_saves_commits_and_exits_85(backend: str, tmp_path: Path) -> None:
+    spec = {
+        "name": "pretimeout",
+        "site": SITES[backend],
+        "time_limit": "20m",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "signal": {"name": "USR2", "lead_s": 60},
+        "preflight": {"checks": ["cpu", "memory", "dirs", "shared_fs"]},
+        "checkpoint": {"interval": 100000, "keep": 2},
+        "runs_root": str(tmp_path / "runs"),
+        "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64},
+        "seq_len": 16,
+        "command": ["python3", "-m", "clusterctl.trainer", "--steps", "100000", "--eval-interval", "0"],
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(spec))
+    done = submit_job(load_job(path), backend)
+    run = done.run
+    metrics = run.attempt(1) / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert time.monotonic() < deadline, (run.path / f"slurm-{done.job_id}.out").read_text()
+        time.sleep(0.2)
+    scancel = ["scancel", "--signal=USR2", "--batch", done.job_id]
+    if backend == "local":
+        from clusterctl.backends.localslurm import BIN_DIR  # the emulated scancel
+
+        scancel[0] = str(BIN_DIR / "scancel")
+    subprocess.run(scancel, check=True)
+    be = get_backend(backend)
+    while not ((info := be.info(done.job_id)) and info.finished):
+        assert time.monotonic() < deadline + 60
+        time.sleep(0.3)
+    log = (run.path / f"slurm-{done.job_id}.out").read_text()
+    events = [json.loads(line) for line in (run.path / "attempts.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["start", "signal", "end"], log
+    assert events[-1]["exit"] == ExitCode.PRE_TIMEOUT, log
+    assert "stop requested" in log
+    last_step = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    generation = latest_committed(run.path / "checkpoints")
+    assert generation is not None, list((run.path / "checkpoints").iterdir())
+    assert generation.step == last_step  # saved at the step where the ranks stopped
