@@ -1,0 +1,79 @@
+"""`clusterctl checkpoints RUN`: every generation, committed or not, and whether it verifies."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from clusterctl import rundir
+from clusterctl.cli.app import out_console
+from clusterctl.cli.options import JsonOpt
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+
+def checkpoint_dir(target: Path) -> Path:
+    """A run directory (its checkpoint.dir, else <run>/checkpoints) or a checkpoint directory itself."""
+    run_json = target / rundir.RUN_JSON
+    if run_json.is_file():
+        configured = json.loads(run_json.read_text()).get("checkpoint", {}).get("dir")
+        return Path(configured) if configured else target / rundir.CHECKPOINTS
+    if target.is_dir():
+        return target
+    raise ClusterctlError(f"{target} is neither a run directory nor a checkpoint directory", ExitCode.BAD_CONFIG)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("checkpoints")
+    def checkpoints(
+        target: Annotated[Path, typer.Argument(help="run directory, or a checkpoint directory")],
+        check: Annotated[bool, typer.Option("--verify/--no-verify", help="recompute sizes and checksums")] = True,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """List checkpoint generations: committed, torn, in progress; verify the committed ones."""
+        from clusterctl.checkpoint import latest_committed, list_generations, verify
+
+        directory = checkpoint_dir(target)
+        entries = list_generations(directory)
+        latest = latest_committed(directory)
+        rows = []
+        for entry in entries:
+            problems = verify(entry.path) if (check and entry.committed) else []
+            rows.append(
+                {
+                    "name": entry.name,
+                    "step": entry.step,
+                    "kind": entry.kind,
+                    "bytes": entry.size_bytes,
+                    "world_size": entry.world_size,
+                    "latest": latest is not None and entry.path == latest.path,
+                    "verified": (not problems) if (check and entry.committed) else None,
+                    "problems": problems or ([entry.problem] if entry.problem else []),
+                }
+            )
+        if as_json:
+            typer.echo(json.dumps({"directory": str(directory), "generations": rows}))
+        else:
+            table = Table(title=f"Checkpoints in {directory}", title_justify="left")
+            for col in ("step", "state", "size", "ranks", "age", "verified"):
+                table.add_column(col, justify="right" if col in ("step", "size", "ranks") else "left")
+            for entry, row in zip(entries, rows):
+                state = row["kind"] + (" (latest)" if row["latest"] else "")
+                verified = {True: "ok", False: "; ".join(row["problems"]), None: "-"}[row["verified"]]
+                if row["verified"] is None and row["problems"]:
+                    verified = "; ".join(row["problems"])
+                age = time.time() - entry.mtime
+                table.add_row(
+                    str(row["step"]), state, f"{row['bytes'] / 1e6:.1f} MB", str(row["world_size"] or "?"),
+                    f"{age / 60:.0f} min", verified,
+                )
+            out_console().print(table)
+            if not entries:
+                out_console().print("no generations yet")
+        if any(row["verified"] is False for row in rows):
+            raise typer.Exit(int(ExitCode.BAD_CONFIG))
