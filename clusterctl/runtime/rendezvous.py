@@ -8,8 +8,6 @@ connects to the same store, so there is one rendezvous, not two.
 from __future__ import annotations
 
 import json
-import socket
-import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -23,28 +21,9 @@ CURRENT_STORE: Any = None
 """The rank's client of the controller's store, once registered (None outside a managed attempt)."""
 
 
-def wait_listening(addr: str, port: int, timeout_s: float, every_s: float = 0.05) -> None:
-    """Poll with plain connects until the store listens.
-
-    The controller publishes its port before it has imported torch; a
-    TCPStore client that finds nothing there backs off exponentially (seconds),
-    so ranks would start late. A 50 ms poll costs nothing and connects at once.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((addr, port), timeout=min(1.0, timeout_s)):
-                return
-        except OSError:
-            if time.monotonic() >= deadline:
-                return  # let TCPStore report the failure in its own words
-            time.sleep(every_s)
-
-
 def connect(info: RankInfo, timeout_s: float):  # noqa: ANN201 - torch type
     from torch.distributed import TCPStore
 
-    wait_listening(info.master_addr, info.master_port, timeout_s)
     return TCPStore(
         info.master_addr,
         info.master_port,
