@@ -229,7 +229,10 @@ def main() -> None:
                 runs["env"].append(run_env(n, work))
                 runs["clusterctl"].append(run_clusterctl(n, work))
                 if available_mb() > needed * 1.1:
-                    runs["torchrun"].append(run_torchrun(n, work))
+                    try:
+                        runs["torchrun"].append(run_torchrun(n, work))
+                    except (subprocess.TimeoutExpired, RuntimeError) as exc:
+                        print(f"N={n}: torchrun did not finish: {str(exc)[:200]}")
                 else:
                     print(f"N={n}: torchrun skipped: needs ~{needed} MB, {available_mb()} MB available")
         row = {name: median_run(rows) for name, rows in runs.items()}
