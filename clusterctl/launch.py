@@ -24,9 +24,9 @@ from typing import Any
 from clusterctl import envnames
 from clusterctl.cpulist import format_cpulist, parse_cpulist
 from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime.preflight import POST_RENDEZVOUS
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
-POST_RENDEZVOUS = ("comm", "compute")
 
 
 def run_command(argv: list[str]) -> None:

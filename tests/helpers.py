@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import socket
 from pathlib import Path
 from typing import Any, Callable
 
@@ -154,3 +155,10 @@ def expect_cli_config_error(args: list[Any], root: Path, *needles: str) -> str:
         assert needle in result.stderr, f"{needle!r} not in {result.stderr!r}"
     assert snapshot(root) == before
     return result.stderr
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a test's own rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -11,21 +11,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tests.helpers import free_port
+
 import pytest
 
 STEPS, INTERVAL = 40, 4  # commits after steps 3, 7, 11, ...
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(work: Path) -> list[subprocess.Popen]:

@@ -11,16 +11,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers import free_port
+
 import pytest
 
 from clusterctl.runtime.heartbeat import Heartbeat
 from clusterctl.trainer.sampler import DistributedSampler
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(work: Path, *args: str, world: int = 2) -> list[str]:
