@@ -16,6 +16,8 @@ protocol's own cost). Targets at N=64: clusterctl <= half of torchrun, and
 <= 1 s over env://.
 
 Last line: {"n", "clusterctl_s", "torchrun_s", "env_s", "ratio", "overhead_vs_env_s"} for the largest N.
+A torchrun that does not finish within --torchrun-timeout is stopped; its
+ratio is then clusterctl / timeout, an upper bound ("ratio_is_upper_bound").
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def run_env(n: int, work: Path) -> dict[str, float]:
     return collect(out, n, t0)
 
 
-def run_torchrun(n: int, work: Path) -> dict[str, float]:
+def run_torchrun(n: int, work: Path, timeout: float = 600) -> dict[str, float]:
     out = work / "torchrun"
     out.mkdir()
     port = free_port()
@@ -113,7 +115,7 @@ def run_torchrun(n: int, work: Path) -> dict[str, float]:
         )
         for _ in range(n)
     ]
-    wait_all(procs)
+    wait_all(procs, timeout)
     return collect(out, n, t0)
 
 
@@ -216,12 +218,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N=8 only, one repetition")
     parser.add_argument("--sizes", default="8,16,32,64")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions for N <= 16 (one above: memory and time)")
+    parser.add_argument("--torchrun-timeout", type=float, default=600, help="seconds before a torchrun run is given up")
     args = parser.parse_args()
     sizes = [8] if args.quick else [int(x) for x in args.sizes.split(",")]
     result: dict[str, object] = {}
     for n in sizes:
         repeats = 1 if args.quick or n > 16 else args.repeat
         runs: dict[str, list[dict[str, float]]] = {"env": [], "clusterctl": [], "torchrun": []}
+        torchrun_gave_up = False
         needed = 2 * n * MB_PER_PROCESS
         for _ in range(repeats):  # interleaved, so drift on a shared machine hits all three alike
             with tempfile.TemporaryDirectory() as tmp:
@@ -230,9 +234,12 @@ def main() -> None:
                 runs["clusterctl"].append(run_clusterctl(n, work))
                 if available_mb() > needed * 1.1:
                     try:
-                        runs["torchrun"].append(run_torchrun(n, work))
-                    except (subprocess.TimeoutExpired, RuntimeError) as exc:
-                        print(f"N={n}: torchrun did not finish: {str(exc)[:200]}")
+                        runs["torchrun"].append(run_torchrun(n, work, args.torchrun_timeout))
+                    except subprocess.TimeoutExpired:
+                        torchrun_gave_up = True
+                        print(f"N={n}: torchrun did not finish within {args.torchrun_timeout:.0f} s", flush=True)
+                    except RuntimeError as exc:
+                        print(f"N={n}: torchrun failed: {str(exc)[:200]}", flush=True)
                 else:
                     print(f"N={n}: torchrun skipped: needs ~{needed} MB, {available_mb()} MB available")
         row = {name: median_run(rows) for name, rows in runs.items()}
@@ -241,15 +248,21 @@ def main() -> None:
             f"N={n:>3}: clusterctl {c['total_s']:.2f} s (after import {c['after_import_s']:.2f}), "
             f"env:// {e['total_s']:.2f} s (after import {e['after_import_s']:.2f})"
         )
+        # A torchrun that never finished bounds the ratio from above: it took longer than the limit.
+        torchrun_s = t["total_s"] if t else (args.torchrun_timeout if torchrun_gave_up else None)
+        ratio = round(c["total_s"] / torchrun_s, 3) if torchrun_s else None
         if t:
-            line += f", torchrun {t['total_s']:.2f} s (after import {t['after_import_s']:.2f}); ratio {c['total_s'] / t['total_s']:.2f}"
+            line += f", torchrun {t['total_s']:.2f} s (after import {t['after_import_s']:.2f}); ratio {ratio:.2f}"
+        elif torchrun_gave_up:
+            line += f", torchrun > {torchrun_s:.0f} s (did not finish); ratio < {ratio:.2f}"
         print(line, flush=True)
         result = {
             "n": n,
             "clusterctl_s": c["total_s"],
             "torchrun_s": t["total_s"] if t else None,
             "env_s": e["total_s"],
-            "ratio": round(c["total_s"] / t["total_s"], 3) if t else None,
+            "ratio": ratio,
+            "ratio_is_upper_bound": bool(torchrun_gave_up and not t),
             "overhead_vs_env_s": round(c["total_s"] - e["total_s"], 3),
             "clusterctl_after_import_s": c["after_import_s"],
             "torchrun_after_import_s": t["after_import_s"] if t else None,

@@ -154,7 +154,7 @@ def managed(argv: list[str]) -> int:
             return int(failure["code"])
         if info.rank == 0:
             print(f"clusterctl: {' and '.join(post)} check passed (attempt-{info.attempt}/checks.json)", flush=True)
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # init_process_group joins the controller's store
+    rendezvous.share_with_process_group(store, info.rank, info.world_size)
     rendezvous.CURRENT_STORE = store
     try:
         run_command(argv)

@@ -210,3 +210,63 @@ def test_a_taken_port_moves_the_store_to_the_next_free_one() -> None:
         assert port in (taken + 10, taken + 1)
     finally:
         busy.close()
+
+
+def test_a_stop_signal_during_the_rendezvous_ends_it_at_once(tmp_path: Path) -> None:
+    """scancel while ranks are still arriving: the controller judges now, not at its deadline."""
+    ctl = Controller(make_run(tmp_path, timeout_s=120))
+    store = rendezvous.connect(ctl.info(0), 20)
+    rendezvous.register(store, 0, rank_record(0))
+    started = time.monotonic()
+    code, out = ctl.stop()
+    assert time.monotonic() - started < 15, out
+    assert code == ExitCode.RENDEZVOUS_FAILED
+    assert "3 of 4 ranks never arrived: rank 1 on n1; ranks 2-3 on n2" in out, out
+
+
+def test_the_store_port_listens_before_the_store_starts() -> None:
+    """Ranks that start before the controller has imported torch queue in the backlog, not retry."""
+    import socket
+
+    from clusterctl.runtime.controller import reserve_port
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        first = probe.getsockname()[1]
+    listener, port = reserve_port(first, (first, first + 10))
+    try:
+        assert listener.family == socket.AF_INET  # IPv4 peers are found in /etc/hosts; mapped IPv6 ones go to DNS
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        listener.close()
+
+
+def test_the_process_group_reuses_the_registered_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One connection per rank: the script's env:// init gets the client the rank registered with."""
+    import importlib
+    from datetime import timedelta
+
+    torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module; the package exports a function of that name
+
+    monkeypatch.setitem(torch_rendezvous._rendezvous_handlers, "env", torch_rendezvous._rendezvous_handlers["env"])
+    master = torch_distributed.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False, timeout=timedelta(seconds=20))
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master.port), "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "")
+    client = torch_distributed.TCPStore("127.0.0.1", master.port, 1, False, timeout=timedelta(seconds=20))
+
+    rendezvous.share_with_process_group(client, 0, 1)
+
+    store, rank, world = next(torch_rendezvous.rendezvous("env://", 0, 1))
+    assert store is client and (rank, world) == (0, 1)
+    again, _, _ = next(torch_rendezvous.rendezvous("env://", 0, 1))
+    assert again is not client  # a second group connects on its own, to the same store
+    again.set("from-second", "1")
+    assert client.get("from-second") == b"1"
+    rendezvous.share_with_process_group(client, 0, 1)
+    torch_distributed.init_process_group("gloo")  # env://, as a rank's script calls it
+    try:
+        torch_distributed.barrier()
+    finally:
+        torch_distributed.destroy_process_group()

@@ -90,7 +90,7 @@ def test_healthy_job_runs(backend: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fault", "code", "expected"),
     [
-        ("never:3", ExitCode.RENDEZVOUS_FAILED, "1 of 4 ranks never arrived: ranks 3 on {h1}"),
+        ("never:3", ExitCode.RENDEZVOUS_FAILED, "1 of 4 ranks never arrived: rank 3 on {h1}"),
         ("crash:3", ExitCode.RENDEZVOUS_FAILED, "rank 3 on {h1} failed before registering: fault: this node's Python environment is broken"),
         ("wrongnode:3", ExitCode.RENDEZVOUS_FAILED, "rank 3 runs on elsewhere, the plan puts it on {h1}"),
         ("stale:3", ExitCode.RENDEZVOUS_FAILED, "carries another attempt's token: a stale process"),

@@ -34,8 +34,9 @@ from clusterctl.runtime import registry
 from clusterctl.runtime.preflight import write_shared_marker
 
 READY = "controller.json"
-POLL_S = 0.02
+SIGNAL_CHECK_S = 0.5  # how often the main thread, waiting for arrivals, runs signal handlers
 BIND_TRIES = 64
+BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 MANIFEST_GROUP_LISTS_UP_TO = 4096
 # Lines a rank's log gets when Slurm stops it because another rank failed: not its own error.
 COLLATERAL = re.compile(r"slurmstepd|CANCELLED AT|Terminated|Killed|srun: ")  # beyond this many ranks the manifest keeps group indices only
@@ -46,37 +47,65 @@ def log(message: str) -> None:
 
 
 def reserve_port(port: int, port_range: tuple[int, int]) -> tuple[socket.socket, int]:
-    """Bind a plain socket on `port` or the next free port in the range (standard library: fast).
+    """A listening socket on `port` or the next free port in the range (standard library: fast).
 
     The batch script waits only for this, so srun starts while the controller
-    is still importing torch; the ranks' store clients retry until it listens.
+    is still importing torch: early ranks' connections wait in the backlog.
+    The socket is handed to the TCPStore as is (no window in which another
+    process could take the port). It is IPv4 where the host has IPv4:
+    torch's store server looks up the name of every peer it accepts, and an
+    IPv4-mapped IPv6 peer address is never in /etc/hosts, so each lookup went
+    to DNS; one dropped query stalls the whole store for the resolver's 5 s.
     """
     lo, hi = port_range
     last: OSError | None = None
-    for i in range(BIND_TRIES):
-        candidate = lo + (port - lo + i) % (hi - lo + 1)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind(("", candidate))
-            return sock, candidate
-        except OSError as exc:
-            sock.close()
-            last = exc
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for i in range(BIND_TRIES):
+            candidate = lo + (port - lo + i) % (hi - lo + 1)
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as exc:  # no IPv4 on this host
+                last = exc
+                break
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is not "taken"
+                sock.bind(("", candidate))
+                sock.listen(BACKLOG)
+                return sock, candidate
+            except OSError as exc:
+                sock.close()
+                last = exc
     raise RuntimeError(f"no free port among {BIND_TRIES} tried from {port} in {lo}-{hi}: {last}")
 
 
-def host_store(port: int, world: int, timeout_s: float):  # noqa: ANN201 - torch type
+def local_host(listener: socket.socket) -> str:
+    """Where this process's own clients reach the store."""
+    return "127.0.0.1" if listener.family == socket.AF_INET else "::1"
+
+
+def host_store(listener: socket.socket, world: int, timeout_s: float):  # noqa: ANN201 - torch type
+    """torch's TCPStore served on the already listening socket (the store owns it from here)."""
     from torch.distributed import TCPStore
 
-    return TCPStore(
-        "0.0.0.0",
-        port,
+    store = TCPStore(
+        local_host(listener),
+        listener.getsockname()[1],
         world_size=world,
         is_master=True,
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout_s),
+        master_listen_fd=listener.fileno(),
         use_libuv=True,
     )
+    listener.detach()
+    return store
+
+
+def connect(host: str, port: int, timeout_s: float):  # noqa: ANN201 - torch type
+    """Another client of the store this process hosts."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=True)
 
 
 class Controller:
@@ -91,13 +120,16 @@ class Controller:
         self.timeout_s = float(self.run["rendezvous"]["timeout_s"])
         self.port_range = tuple(self.run["rendezvous"]["port_range"])
         self.first_port = port
+        self.port = port
+        self.local_host = ""
         self.done = threading.Event()
         self.store = None
         self.stop_requested = False
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
-        placeholder, port = reserve_port(self.first_port, self.port_range)
+        listener, port = reserve_port(self.first_port, self.port_range)
+        self.port, self.local_host = port, local_host(listener)
         checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
         marker = None
         if "shared_fs" in self.run.get("preflight", {}).get("checks", []):
@@ -109,8 +141,7 @@ class Controller:
             self.attempt_dir / READY,
             {"port": port, "pid": os.getpid(), "host": os.environ.get("SLURMD_NODENAME", ""), "marker": marker},
         )
-        placeholder.close()  # hand the port to the store at once
-        self.store = host_store(port, self.world, self.timeout_s)
+        self.store = host_store(listener, self.world, self.timeout_s)
         if self.stop_requested:  # the signal came while the store was starting
             self.request_stop()
         log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
@@ -118,14 +149,33 @@ class Controller:
 
     # --- rendezvous --------------------------------------------------------------
     def wait_for_ranks(self) -> int:
+        """Block until the last rank registers, the deadline, or a stop signal; the number arrived.
+
+        Nothing polls: a helper thread waits, on its own store client (one
+        client serves one caller at a time), for the key the world-th
+        arrival sets, while this thread stays free to run signal handlers.
+        """
+        last_arrival = registry.arrival_key(self.world)
+        arrived, helper_failed = threading.Event(), threading.Event()
+
+        def waiter() -> None:
+            try:
+                client = connect(self.local_host, self.port, self.timeout_s)
+                client.wait([last_arrival], timedelta(seconds=self.timeout_s + 60))
+                arrived.set()
+            except Exception as exc:  # noqa: BLE001 - the main thread counts arrivals itself then
+                log(f"waiting for arrivals on a second client failed ({exc}); counting instead")
+                helper_failed.set()
+
+        threading.Thread(target=waiter, name="arrivals", daemon=True).start()
         deadline = time.monotonic() + self.timeout_s
-        arrived = 0
-        while not self.done.is_set() and time.monotonic() < deadline:
-            arrived = self.store.add(registry.ARRIVED, 0)
-            if arrived >= self.world:
+        while not (arrived.is_set() or self.done.is_set()) and time.monotonic() < deadline:
+            arrived.wait(max(0.0, min(SIGNAL_CHECK_S, deadline - time.monotonic())))
+            if helper_failed.is_set() and self.store.add(registry.ARRIVED, 0) >= self.world:
                 break
-            time.sleep(POLL_S)
-        return arrived
+        if not arrived.is_set():
+            self.store.set(last_arrival, "")  # release the helper; the count below is what is judged
+        return int(self.store.add(registry.ARRIVED, 0))
 
     def _listed(self, key: str) -> list[str]:
         return registry.parse_list(self.store.get(key)) if self.store.check([key]) else []

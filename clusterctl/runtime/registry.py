@@ -38,6 +38,11 @@ def reg_key(rank: int, claim: int = 1) -> str:
     return f"{PREFIX}reg/{rank}" if claim == 1 else f"{PREFIX}reg/{rank}/dup{claim}"
 
 
+def arrival_key(count: int) -> str:
+    """Set by the count-th first claimant: the controller waits for arrival_key(world_size)."""
+    return f"{PREFIX}arrived/{count}"
+
+
 def error_key(rank: int) -> str:
     return f"{PREFIX}error/{rank}"
 
@@ -127,7 +132,9 @@ def judge(
         by_host: dict[str, list[int]] = defaultdict(list)
         for r in silent:
             by_host[host_of(r)].append(r)
-        where = "; ".join(f"ranks {_ranges(ranks)} on {host}" for host, ranks in sorted(by_host.items()))
+        where = "; ".join(
+            f"{'rank' if len(ranks) == 1 else 'ranks'} {_ranges(ranks)} on {host}" for host, ranks in sorted(by_host.items())
+        )
         if failed_early:
             problems.append(f"{len(silent)} other rank(s) did not register before the job step ended: {where}")
         else:

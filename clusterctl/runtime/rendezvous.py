@@ -1,16 +1,20 @@
 """The rank's side of the rendezvous: register with the controller, wait for its verdict.
 
-One TCPStore client per rank, to the store the controller hosts; the
-process group created afterwards (env:// with TORCHELASTIC_USE_AGENT_STORE)
-connects to the same store, so there is one rendezvous, not two.
+One TCPStore client per rank, to the store the controller hosts. The
+script's `init_process_group()` (env://) is then given that same client
+(`share_with_process_group`), so there is one rendezvous and one connection
+per rank, not two.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import traceback
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 from clusterctl.runtime import registry
 from clusterctl.runtime.rankinfo import RankInfo
@@ -39,7 +43,8 @@ def register(store: Any, rank: int, record: dict[str, Any]) -> int:
     claim = int(store.add(registry.claim_key(rank), 1))
     store.set(registry.reg_key(rank, claim), json.dumps(record))
     if claim == 1:
-        store.add(registry.ARRIVED, 1)
+        arrived = int(store.add(registry.ARRIVED, 1))
+        store.set(registry.arrival_key(arrived), str(rank))
     else:
         store.append(registry.DUPLICATES, f"{rank}:{claim},")
     return claim
@@ -59,3 +64,41 @@ def report_error(store: Any, rank: int, text: str, *, script_failed: bool) -> No
             store.add(registry.FAILED, 1)
     except Exception:  # noqa: BLE001 - reporting must never mask the original error
         traceback.print_exc()
+
+
+def share_with_process_group(store: Any, rank: int, world_size: int) -> None:
+    """Make the script's first env:// `init_process_group()` use this rank's store client.
+
+    torch's own convention for a store someone else hosts
+    (TORCHELASTIC_USE_AGENT_STORE) opens a second connection per rank, all at
+    the same moment right after the verdict, and torch's client looks up
+    the name of the address it connects to: a burst of DNS queries, where
+    one dropped query costs that rank the resolver's 5 s. So the env://
+    handler is wrapped to hand out the registered client once; later groups,
+    or a script that changed the address, rank or world size, connect as
+    torchrun's workers do.
+    """
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # any other env:// group joins the controller's store
+    torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module; the package exports a function of that name
+
+    handlers = getattr(torch_rendezvous, "_rendezvous_handlers", None)
+    original = handlers.get("env") if isinstance(handlers, dict) else None
+    if original is None:  # a torch without the handler table: the second connection it is
+        return
+    lent = [store]
+    address = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+
+    def env_handler(url: str, **kwargs: Any):  # noqa: ANN202 - a generator, as torch expects
+        query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+        ours = (
+            int(query.get("rank", rank)) == rank
+            and int(query.get("world_size", world_size)) == world_size
+            and (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")) == address
+        )
+        if not (lent and ours):
+            yield from original(url, **kwargs)
+            return
+        yield lent.pop(), rank, world_size
+        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+    handlers["env"] = env_handler
