@@ -228,6 +228,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="8,16,32,64")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (torchrun: once above N=16)")
     parser.add_argument("--torchrun-timeout", type=float, default=600, help="seconds before a torchrun run is given up")
+    parser.add_argument("--no-torchrun", action="store_true", help="clusterctl and env:// only (the overhead)")
     args = parser.parse_args()
     # As a pip install leaves it: byte-compiled (torch is). Without this, every rank of an
     # editable install under PYTHONDONTWRITEBYTECODE compiles clusterctl's modules anew.
@@ -244,7 +245,8 @@ def main() -> None:
                 work = Path(tmp)
                 runs["env"].append(run_env(n, work))
                 runs["clusterctl"].append(run_clusterctl(n, work))
-                if n > TORCHRUN_REPEATED_UP_TO and i > 0:
+                print(f"N={n} run {i + 1}: env:// {runs['env'][-1]}, clusterctl {runs['clusterctl'][-1]}", flush=True)
+                if args.no_torchrun or (n > TORCHRUN_REPEATED_UP_TO and i > 0):
                     continue  # above that, torchrun once: minutes per run, and most of the memory
                 if available_mb() > needed * 1.1:
                     try:

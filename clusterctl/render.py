@@ -251,6 +251,7 @@ def build_run_json(
         "rendezvous": {
             "port_range": list(port_range),
             "interface": spec.rendezvous.interface or plan.site.network.interface,
+            "address_family": plan.site.network.address_family,
             "timeout_s": spec.rendezvous.timeout,
         },
         "signal": {"name": spec.signal.name, "lead_s": spec.signal.lead_s},

@@ -240,6 +240,17 @@ def test_the_store_port_listens_before_the_store_starts() -> None:
             pass
     finally:
         listener.close()
+    if socket.has_ipv6:  # an IPv6 site: dual stack, so IPv4 clients still reach it
+        try:
+            listener, port = reserve_port(first, (first, first + 10), "ipv6")
+        except RuntimeError:
+            pytest.skip("no IPv6 on this host")
+        try:
+            assert listener.family == socket.AF_INET6
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass
+        finally:
+            listener.close()
 
 
 def test_the_process_group_reuses_the_registered_client(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,7 +46,7 @@ def log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} clusterctl controller: {message}", flush=True)
 
 
-def reserve_port(port: int, port_range: tuple[int, int]) -> tuple[socket.socket, int]:
+def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "ipv4") -> tuple[socket.socket, int]:
     """A listening socket on `port` or the next free port in the range (standard library: fast).
 
     The batch script waits only for this, so srun starts while the controller
@@ -56,10 +56,12 @@ def reserve_port(port: int, port_range: tuple[int, int]) -> tuple[socket.socket,
     torch's store server looks up the name of every peer it accepts, and an
     IPv4-mapped IPv6 peer address is never in /etc/hosts, so each lookup went
     to DNS; one dropped query stalls the whole store for the resolver's 5 s.
+    On an IPv6 site (network.address_family) it is a dual-stack IPv6 socket.
     """
     lo, hi = port_range
     last: OSError | None = None
-    for family in (socket.AF_INET, socket.AF_INET6):
+    families = (socket.AF_INET6, socket.AF_INET) if address_family == "ipv6" else (socket.AF_INET, socket.AF_INET6)
+    for family in families:
         for i in range(BIND_TRIES):
             candidate = lo + (port - lo + i) % (hi - lo + 1)
             try:
@@ -69,6 +71,8 @@ def reserve_port(port: int, port_range: tuple[int, int]) -> tuple[socket.socket,
                 break
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is not "taken"
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
                 sock.bind(("", candidate))
                 sock.listen(BACKLOG)
                 return sock, candidate
@@ -128,7 +132,8 @@ class Controller:
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
-        listener, port = reserve_port(self.first_port, self.port_range)
+        family = self.run["rendezvous"].get("address_family", "ipv4")
+        listener, port = reserve_port(self.first_port, self.port_range, family)
         self.port, self.local_host = port, local_host(listener)
         checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
         marker = None
