@@ -37,9 +37,9 @@ READY = "controller.json"
 SIGNAL_CHECK_S = 0.5  # how often the main thread, waiting for arrivals, runs signal handlers
 BIND_TRIES = 64
 BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
-MANIFEST_GROUP_LISTS_UP_TO = 4096
+MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
 # Lines a rank's log gets when Slurm stops it because another rank failed: not its own error.
-COLLATERAL = re.compile(r"slurmstepd|CANCELLED AT|Terminated|Killed|srun: ")  # beyond this many ranks the manifest keeps group indices only
+COLLATERAL = re.compile(r"slurmstepd|CANCELLED AT|Terminated|Killed|srun: ")
 
 
 def log(message: str) -> None:
@@ -66,7 +66,7 @@ def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "
             candidate = lo + (port - lo + i) % (hi - lo + 1)
             try:
                 sock = socket.socket(family, socket.SOCK_STREAM)
-            except OSError as exc:  # no IPv4 on this host
+            except OSError as exc:  # the host lacks this address family: try the other
                 last = exc
                 break
             try:
