@@ -34,7 +34,7 @@ from clusterctl.runtime import registry
 from clusterctl.runtime.preflight import write_shared_marker
 
 READY = "controller.json"
-SIGNAL_CHECK_S = 0.5  # how often the main thread, waiting for arrivals, runs signal handlers
+POLL_S = 0.02
 BIND_TRIES = 64
 BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
@@ -105,13 +105,6 @@ def host_store(listener: socket.socket, world: int, timeout_s: float):  # noqa: 
     return store
 
 
-def connect(host: str, port: int, timeout_s: float):  # noqa: ANN201 - torch type
-    """Another client of the store this process hosts."""
-    from torch.distributed import TCPStore
-
-    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=True)
-
-
 class Controller:
     def __init__(self, attempt_dir: Path, port: int) -> None:
         self.attempt_dir = attempt_dir
@@ -124,8 +117,6 @@ class Controller:
         self.timeout_s = float(self.run["rendezvous"]["timeout_s"])
         self.port_range = tuple(self.run["rendezvous"]["port_range"])
         self.first_port = port
-        self.port = port
-        self.local_host = ""
         self.done = threading.Event()
         self.store = None
         self.stop_requested = False
@@ -134,7 +125,6 @@ class Controller:
     def start(self) -> int:
         family = self.run["rendezvous"].get("address_family", "ipv4")
         listener, port = reserve_port(self.first_port, self.port_range, family)
-        self.port, self.local_host = port, local_host(listener)
         checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
         marker = None
         if "shared_fs" in self.run.get("preflight", {}).get("checks", []):
@@ -154,33 +144,14 @@ class Controller:
 
     # --- rendezvous --------------------------------------------------------------
     def wait_for_ranks(self) -> int:
-        """Block until the last rank registers, the deadline, or a stop signal; the number arrived.
-
-        Nothing polls: a helper thread waits, on its own store client (one
-        client serves one caller at a time), for the key the world-th
-        arrival sets, while this thread stays free to run signal handlers.
-        """
-        last_arrival = registry.arrival_key(self.world)
-        arrived, helper_failed = threading.Event(), threading.Event()
-
-        def waiter() -> None:
-            try:
-                client = connect(self.local_host, self.port, self.timeout_s)
-                client.wait([last_arrival], timedelta(seconds=self.timeout_s + 60))
-                arrived.set()
-            except Exception as exc:  # noqa: BLE001 - the main thread counts arrivals itself then
-                log(f"waiting for arrivals on a second client failed ({exc}); counting instead")
-                helper_failed.set()
-
-        threading.Thread(target=waiter, name="arrivals", daemon=True).start()
         deadline = time.monotonic() + self.timeout_s
-        while not (arrived.is_set() or self.done.is_set()) and time.monotonic() < deadline:
-            arrived.wait(max(0.0, min(SIGNAL_CHECK_S, deadline - time.monotonic())))
-            if helper_failed.is_set() and self.store.add(registry.ARRIVED, 0) >= self.world:
+        arrived = 0
+        while not self.done.is_set() and time.monotonic() < deadline:
+            arrived = self.store.add(registry.ARRIVED, 0)
+            if arrived >= self.world:
                 break
-        if not arrived.is_set():
-            self.store.set(last_arrival, "")  # release the helper; the count below is what is judged
-        return int(self.store.add(registry.ARRIVED, 0))
+            time.sleep(POLL_S)
+        return arrived
 
     def _listed(self, key: str) -> list[str]:
         return registry.parse_list(self.store.get(key)) if self.store.check([key]) else []

@@ -38,11 +38,6 @@ def reg_key(rank: int, claim: int = 1) -> str:
     return f"{PREFIX}reg/{rank}" if claim == 1 else f"{PREFIX}reg/{rank}/dup{claim}"
 
 
-def arrival_key(count: int) -> str:
-    """Set by the count-th first claimant: the controller waits for arrival_key(world_size)."""
-    return f"{PREFIX}arrived/{count}"
-
-
 def error_key(rank: int) -> str:
     return f"{PREFIX}error/{rank}"
 

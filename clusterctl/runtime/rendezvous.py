@@ -43,8 +43,7 @@ def register(store: Any, rank: int, record: dict[str, Any]) -> int:
     claim = int(store.add(registry.claim_key(rank), 1))
     store.set(registry.reg_key(rank, claim), json.dumps(record))
     if claim == 1:
-        arrived = int(store.add(registry.ARRIVED, 1))
-        store.set(registry.arrival_key(arrived), str(rank))
+        store.add(registry.ARRIVED, 1)
     else:
         store.append(registry.DUPLICATES, f"{rank}:{claim},")
     return claim
