@@ -37,18 +37,13 @@ def remove_tree(path: Path, *, step: int, phase: str) -> None:
     if not path.exists():
         return
     for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            phases.enter(phase, step)
-            try:
-                os.unlink(os.path.join(root, name))
-            except FileNotFoundError:
-                pass
-        for name in dirs:
-            phases.enter(phase, step)
-            try:
-                os.rmdir(os.path.join(root, name))
-            except FileNotFoundError:
-                pass
+        for names, remove in ((files, os.unlink), (dirs, os.rmdir)):
+            for name in names:
+                phases.enter(phase, step)
+                try:
+                    remove(os.path.join(root, name))
+                except FileNotFoundError:
+                    pass
     phases.enter(phase, step)
     try:
         os.rmdir(path)
