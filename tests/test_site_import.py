@@ -18,7 +18,7 @@ import yaml
 
 from clusterctl.errors import ConfigError
 from clusterctl.site import load_site
-from clusterctl.siteimport.nvsmi import parse_topo
+from clusterctl.siteimport.nvsmi import clean, parse_topo
 from helpers import REPO, cli, expect_cli_config_error
 
 FIXTURES = Path(__file__).parent / "fixtures" / "siteimport"
@@ -242,6 +242,61 @@ def test_terminal_colour_codes_are_ignored() -> None:
     lines[1] = lines[1].replace("PIX", "\x1b[1;32mPIX\x1b[0m")
     coloured = "\r\n".join(lines) + "\r\n"
     assert _rows(coloured) == _rows(plain)
+
+
+def _without_esc(text: str, header_on: str = "[4m", header_off: str = "[0m") -> str:
+    """`text` as pasted from a web page that kept nvidia-smi's colour codes but lost their ESC bytes."""
+    lines = text.splitlines()
+    indent = lines[0][: len(lines[0]) - len(lines[0].lstrip())]
+    lines[0] = indent + header_on + lines[0].strip() + header_off
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "name", ["dgx-h100_mooncake-2039.txt", "juwels-booster-a100_icon-run-wrapper.txt", "gh200_aerial-cubb-system-checks.txt"]
+)
+def test_colour_codes_that_lost_their_esc_are_ignored(tmp_path: Path, name: str) -> None:
+    plain = fixture(name).read_text()
+    pasted = _without_esc(plain)
+    assert "[4mGPU0" in pasted and pasted.splitlines()[0].endswith("[0m")
+    topo = parse_topo(pasted)
+    assert topo == parse_topo(plain)  # GPUs (links, NIC levels, CPUs, NUMA, lines), NIC names, columns, warnings
+    assert topo.gpus and topo.gpus[0].cpus and topo.has_cpu_column
+    # and the whole import: the same site as from the clean output
+    paste = tmp_path / "pasted" / name  # the same file name: the description names it
+    paste.parent.mkdir()
+    paste.write_text(pasted)
+    assert imported(tmp_path, "--topo", paste)[0] == imported(tmp_path, "--topo", fixture(name))[0]
+
+
+def test_colour_codes_that_lost_their_esc_variants() -> None:
+    plain = fixture("dgx-h100_mooncake-2039.txt").read_text()
+    expected = parse_topo(plain)
+    bold = _without_esc(plain, "[1m", "[m")  # bold, and the reset with no parameter
+    assert parse_topo(bold) == expected
+    compound = _without_esc(plain, "[0;4m", "[0m")
+    assert parse_topo(compound) == expected
+    # a reset left at the end of every line (some renderers close the style line by line),
+    # and a coloured cell in a row, attached to its neighbour
+    lines = plain.splitlines()
+    lines = [line + "[0m" if line.strip() else line for line in lines]
+    lines[1] = lines[1].replace("PIX     PIX", "[1;32mPIX[0mPIX", 1)
+    assert "[1;32mPIX[0mPIX" in lines[1]
+    assert parse_topo("\n".join(lines)) == expected
+    # the ESC shown as `^[` (cat -v) or as the symbol for it
+    assert parse_topo(_without_esc(plain, "^[[4m", "^[[0m")) == expected
+    assert parse_topo(_without_esc(plain, "\u241b[4m", "\u241b[0m")) == expected
+    # a real ESC before one code and none before the other
+    assert parse_topo(_without_esc(plain, "\x1b[4m", "[0m")) == expected
+
+
+def test_bracketed_text_that_is_no_colour_code_is_kept() -> None:
+    # inside a word, between pieces that are not the matrix's, `[1m` is text
+    assert clean("see a[1mb") == "see a[1mb"
+    assert clean("\t[4mGPU0\tGPU1[0m\n") == "\tGPU0\tGPU1\n"
+    plain = fixture("gh200_aerial-cubb-system-checks.txt").read_text()
+    with pytest.raises(ConfigError, match="no matrix header"):
+        parse_topo("x[4mGPU0 GPU1\n" + plain.split("\n", 1)[1])
 
 
 def test_columns_that_ran_together() -> None:

@@ -17,7 +17,8 @@ NUMA column. Cells between a GPU and another device are one of
 
 What pasted output does to it, and what this parser does about it:
 terminal colour codes (nvidia-smi underlines the header on a terminal) are
-stripped; tabs, runs of spaces and cells that ran together because a column
+stripped, also when a web page or chat dropped their ESC bytes and left
+`[4mGPU0 ... NUMA Affinity[0m` behind (see `clean`); tabs, runs of spaces and cells that ran together because a column
 overflowed (`NIC11NIC12`, `PIXNODE`) are all read; separator lines, the
 legend and prose around the matrix are ignored; a `N NICs found ... only
 displaying M` notice becomes a warning. Missing trailing columns (an empty
@@ -41,6 +42,15 @@ _ALIASES = {"SOC": "SYS"}  # drivers before 2017 called cross-socket paths SOC
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# A colour code whose ESC was lost in a copy: `[4m`, `[0;4m`, `[m`; the ESC may have
+# become the caret notation `^[` (cat -v, less) or the visible symbol U+241B.
+_ORPHAN_SGR_RUN = re.compile(r"(?:(?:\^\[|\u241b)?\[[0-9;]*m)+")
+_WORD = re.compile(r"\S+")
+# What may sit on either side of an orphan colour code inside one word (`GPU0[0mGPU1`,
+# `PIX[0mNODE`): device names, cells, the affinity columns' words and values.
+_MATRIX_WORD = re.compile(
+    r"(?:GPU\d+|NIC\d+|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|X|CPU|NUMA|GPU|Affinity|ID|N/A|[0-9][0-9,\-]*)+"
+)
 _CELL = r"NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|X"
 _CELL_RUN = re.compile(rf"(?:{_CELL})+")
 _CELL_ONE = re.compile(_CELL)
@@ -103,9 +113,33 @@ class Topo:
 
 
 def clean(text: str) -> str:
-    """Remove terminal escape sequences and other control characters (tabs and newlines stay)."""
+    """Remove terminal escape sequences and other control characters (tabs and newlines stay).
+
+    Colour codes that lost their ESC (`[4mGPU0`, `Affinity[0m`, `[m`) go too, but only
+    where they are clearly colour codes: at the start or end of a word, or inside a word
+    between two pieces of the matrix (`PIX[0mNODE`). Elsewhere, such as `a[1mb` in prose,
+    the text is left as it is.
+    """
     text = _ANSI.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    if "m" in text and "[" in text:
+        text = _WORD.sub(_strip_orphan_sgr, text)
     return _CONTROL.sub("", text)
+
+
+def _strip_orphan_sgr(word: re.Match[str]) -> str:
+    text = word.group(0)
+    if "[" not in text:
+        return text
+    pieces = _ORPHAN_SGR_RUN.split(text)  # the text around the codes: one more piece than codes
+    codes = _ORPHAN_SGR_RUN.findall(text)
+    out = [pieces[0]]
+    for i, code in enumerate(codes):
+        before, after = pieces[i], pieces[i + 1]
+        at_edge = (i == 0 and not before) or (i == len(codes) - 1 and not after)
+        between = bool(_MATRIX_WORD.fullmatch(before) and _MATRIX_WORD.fullmatch(after))
+        out.append("" if at_edge or between else code)
+        out.append(after)
+    return "".join(out)
 
 
 def _split_devices(tokens: list[str]) -> tuple[list[str], list[str]]:
