@@ -1,11 +1,16 @@
 """Plan + full rank map at 1k, 10k and 102,400 ranks (tp8 pp16 dp800).
 
 Each size runs in a fresh subprocess so its peak RSS is its own. Target at
-102,400 ranks: < 1 s and < 500 MB RSS, cost linear in ranks.
+102,400 ranks: < 1 s and < 500 MB RSS, cost linear in ranks. Also the
+refusal of an impossible size (`nodes: 100000000` on the 4-node partition of
+the slurm-lab site), through the same `load_job` every command uses, in a
+fresh process: target < 100 ms and < 100 MB peak RSS (the interpreter and
+its imports included).
 
     python bench/plan_scale.py [--quick] [--repeat N]
 
-Last line: {"ranks": ..., "seconds": ..., "peak_rss_mb": ...} for the largest size.
+Last line: {"ranks": ..., "seconds": ..., "peak_rss_mb": ..., "refuse_seconds": ...,
+"refuse_peak_rss_mb": ...} for the largest size.
 """
 
 from __future__ import annotations
@@ -67,16 +72,59 @@ def one(ranks: int, repeat: int) -> dict[str, float]:
     }
 
 
+def refuse(repeat: int) -> dict[str, float]:
+    """Time the refusal of `nodes: 100000000` on a 4-node partition, in this process."""
+    import tempfile
+    import tracemalloc
+    from pathlib import Path
+
+    from clusterctl.errors import ConfigError
+    from clusterctl.job import load_job
+
+    with tempfile.TemporaryDirectory() as scratch:
+        spec = Path(scratch) / "job.yaml"
+        spec.write_text("name: typo\nsite: slurm-lab\ntime_limit: 1h\nnodes: 100000000\ncommand: [python, train.py]\n")
+
+        def attempt() -> float:
+            start = time.perf_counter()
+            try:
+                load_job(spec)
+            except ConfigError as exc:
+                assert "partition gpu has 4 nodes" in str(exc), exc
+            else:
+                raise AssertionError("an impossible size was accepted")
+            return time.perf_counter() - start
+
+        best = min(attempt() for _ in range(repeat))  # the first one included: a CLI call pays it
+        tracemalloc.start()  # separately: tracing slows the pure-Python YAML reader several times
+        attempt()
+        _, traced = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"refuse_seconds": round(best, 4), "refuse_peak_rss_mb": round(rss_mb, 1), "refuse_traced_mb": round(traced / 1e6, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one repetition per size")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--refuse", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     repeat = 1 if args.quick else args.repeat
     if args.one:
         print(json.dumps(one(args.one, repeat)))
         return
+    if args.refuse:
+        print(json.dumps(refuse(repeat)))
+        return
+    out = subprocess.run([sys.executable, __file__, "--refuse", "--repeat", str(repeat)], check=True, capture_output=True, text=True)
+    refused = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"refuse nodes: 100000000 on a 4-node partition: {refused['refuse_seconds'] * 1000:.1f} ms,"
+        f" peak RSS {refused['refuse_peak_rss_mb']:.0f} MB (Python allocations during the refusal"
+        f" {refused['refuse_traced_mb']} MB)"
+    )
     rows = []
     for ranks in SIZES:
         out = subprocess.run(
@@ -95,7 +143,17 @@ def main() -> None:
     largest = rows[-1]
     small = rows[0]
     print(f"linearity: us/rank at {largest['ranks']} vs {small['ranks']}: {largest['us_per_rank'] / small['us_per_rank']:.2f}x")
-    print(json.dumps({"ranks": largest["ranks"], "seconds": largest["seconds"], "peak_rss_mb": largest["peak_rss_mb"]}))
+    print(
+        json.dumps(
+            {
+                "ranks": largest["ranks"],
+                "seconds": largest["seconds"],
+                "peak_rss_mb": largest["peak_rss_mb"],
+                "refuse_seconds": refused["refuse_seconds"],
+                "refuse_peak_rss_mb": refused["refuse_peak_rss_mb"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

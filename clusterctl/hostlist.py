@@ -41,7 +41,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["MAX_HOSTS", "HostlistError", "compress", "expand", "first"]
+__all__ = ["MAX_HOSTS", "HostlistError", "compress", "count", "expand", "first"]
 
 MAX_HOSTS = 1 << 20
 """Most hosts one expression may describe: a guard against typos like `n[1-1000000000]`."""
@@ -149,16 +149,24 @@ def _parse(expr: str) -> list[_Item]:
         pos = match.end()
         item = _parse_item(expr, match.group())
         items.append(item)
-        if isinstance(item, str):
-            total += 1
-        else:
-            count = 1
-            for group in item[1]:
-                count *= sum(hi - lo + 1 for lo, hi, _ in group)
-            total += count
+        total += _item_count(item)
         if total > MAX_HOSTS:
             raise _fail(expr, f"describes more than MAX_HOSTS={MAX_HOSTS} hosts")
     return items
+
+
+def _item_count(item: _Item) -> int:
+    if isinstance(item, str):
+        return 1
+    count = 1
+    for group in item[1]:
+        count *= sum(hi - lo + 1 for lo, hi, _ in group)
+    return count
+
+
+def count(expr: str) -> int:
+    """len(expand(expr)), without expanding anything."""
+    return sum(_item_count(item) for item in _parse(expr))
 
 
 def _expand_pattern(pattern: _Pattern) -> list[str]:

@@ -7,6 +7,7 @@ so a crash or a rejected submission never leaves a half-made run behind.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from clusterctl import rundir
-from clusterctl.errors import ClusterctlError
+from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.job import Job
 from clusterctl.render import render_run
@@ -27,47 +28,68 @@ def node_python(job: Job) -> str:
     return job.site.python or sys.executable
 
 
-def _write_files(job: Job, target: Path, final: Path, standalone: bool, run_id: str | None) -> list[Path]:
+def _render(job: Job, final: Path, standalone: bool, run_id: str | None) -> dict[str, str]:
+    """Every file of the run as text, rendered and validated before anything touches the disk."""
     rendered = render_run(
         job.plan, final, python=node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id
     )
+    spec_doc = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return {**rendered.files, rundir.SPEC: yaml.safe_dump(spec_doc, sort_keys=False)}
+
+
+def _write_files(job: Job, files: dict[str, str], target: Path, final: Path) -> list[Path]:
     written = []
-    for name, content in rendered.files.items():
+    for name, content in files.items():
         path = target / name
         path.write_text(content, encoding="utf-8")
         if name.endswith((".sh", ".sbatch")):
             path.chmod(0o755)
-        written.append(final / name)
-    spec_doc = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    (target / rundir.SPEC).write_text(yaml.safe_dump(spec_doc, sort_keys=False), encoding="utf-8")
+        if name != rundir.SPEC:
+            written.append(final / name)
     shutil.copyfile(job.site_path, target / rundir.SITE)
     return written
 
 
 def write_rendered(job: Job, out: Path, *, standalone: bool = False) -> list[Path]:
-    """`render -o DIR`: write the files into DIR (created if needed)."""
+    """`render -o DIR`: write the files into DIR (created only once the job rendered)."""
+    files = _render(job, out, standalone, None)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        return _write_files(job, files, out, out)
     except OSError as exc:
-        raise ClusterctlError(f"cannot create {out}: {exc.strerror}", ExitCode.BAD_CONFIG) from None
-    return _write_files(job, out, out, standalone, None)
+        raise ClusterctlError(f"cannot write to {out}: {exc.strerror or exc}", ExitCode.BAD_CONFIG) from None
+
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 def runs_root(job: Job) -> Path:
+    """The runs root: the spec's, else the site's, else ./runs; `~` and `$VARIABLE`s expanded.
+
+    An unset variable is an error rather than a directory named after it.
+    """
     root = job.spec.runs_root or job.site.runs_root or "runs"
+    field = "runs_root" if job.spec.runs_root else "site runs_root"
+    unset = [a or b for a, b in _VARIABLE.findall(root) if (a or b) not in os.environ]
+    if unset:
+        raise ConfigError(
+            "job spec",
+            [Problem(field, root, f"the environment variable {unset[0]} is not set; set it or write the path out")],
+        )
     path = Path(os.path.expandvars(root)).expanduser()
     return path if path.is_absolute() else (Path.cwd() / path)
 
 
 def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None) -> RunDir:
-    """Make `<runs root>/<run id>/` complete, or not at all."""
+    """Make `<runs root>/<run id>/` complete, or not at all (and no runs root for a refused job)."""
     run_id = run_id or rundir.new_run_id(job.spec.name)
     root = runs_root(job)
     final = root / run_id
+    files = _render(job, final, standalone, run_id)
     tmp = root / f".{run_id}.tmp"
     try:
         tmp.mkdir(parents=True)
-        _write_files(job, tmp, final, standalone, run_id)
+        _write_files(job, files, tmp, final)
         (tmp / rundir.ATTEMPTS).touch()
         (tmp / rundir.CHECKPOINTS).mkdir()
         snapshot_code(tmp / rundir.CODE, job.spec_path.parent)

@@ -20,7 +20,7 @@ from clusterctl.cpulist import parse_cpulist
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.modelerrors import validate_located
 from clusterctl.shipped import shipped_dir
-from clusterctl.spec import ENV_NAME, EnvValue, NonNegativeInt, PositiveInt
+from clusterctl.spec import ENV_NAME, MODULE_NAME, EnvValue, NonNegativeInt, PlainPath, PositiveInt
 from clusterctl.units import parse_duration
 from clusterctl.yamlload import Located, load_yaml
 
@@ -148,13 +148,17 @@ class Site(Section):
     topology: Topology = Field(default_factory=Topology)
     network: Network = Field(default_factory=Network)
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment for every rank (NCCL/UCX)")
-    modules: list[str] = Field(default_factory=list)
+    modules: list[Annotated[str, Field(pattern=MODULE_NAME.pattern)]] = Field(
+        default_factory=list, description="environment modules every job loads: letters, digits, . _ + / @ -"
+    )
     container: ContainerRuntime = Field(default_factory=ContainerRuntime)
     reliability: Reliability = Field(default_factory=Reliability)
-    templates: str | None = Field(None, description="directory of templates overriding the shipped ones")
+    templates: PlainPath | None = Field(None, description="directory of templates overriding the shipped ones")
     oversubscribe: bool = Field(False, description="emulated GPUs may share CPUs (local and test sites)")
-    runs_root: str | None = None
-    python: str | None = Field(None, description="interpreter on the compute nodes (default: the submitting one)")
+    runs_root: PlainPath | None = Field(
+        None, description="where run directories go when the spec names none; ~ and $VARIABLES are expanded"
+    )
+    python: PlainPath | None = Field(None, description="interpreter on the compute nodes (default: the submitting one)")
     gres: Literal["gpus-per-node", "gres", "none"] = Field(
         "gpus-per-node", description="how GPUs are requested from Slurm"
     )

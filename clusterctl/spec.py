@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -66,6 +67,7 @@ ParamCount = Annotated[
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SLURM_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@-]*$")
 HOST_EXPR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -91,6 +93,31 @@ def _env_value(value: Any) -> str:
         return text
     raise ValueError("expected a string, number or boolean")
 
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _script_text(value: Any) -> Any:
+    # bash drops a NUL from a word, so the rank would run something other than run.json records.
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("expected text without NUL bytes (a shell word cannot carry one)")
+    return value
+
+
+def _plain_path(value: Any) -> Any:
+    if isinstance(value, str):
+        bad = _CONTROL.search(value)
+        if bad:
+            raise ValueError(f"expected a path without control characters (found {bad.group()!r})")
+        if not value.strip():
+            raise ValueError("expected a non-empty path (omit the field for the default)")
+    return value
+
+
+ScriptText = Annotated[str, AfterValidator(_script_text)]
+"""Text that reaches a rendered script: any character a shell word can carry."""
+PlainPath = Annotated[str, AfterValidator(_plain_path)]
+"""A directory path: no control characters (they reach #SBATCH lines and file names)."""
 
 EnvValue = Annotated[str, PlainValidator(_env_value), WithJsonSchema({"type": ["string", "number", "boolean"]})]
 EnvName = Annotated[str, Field(pattern=ENV_NAME.pattern)]
@@ -205,7 +232,7 @@ def _interval(value: Any) -> int | str:
 
 
 class Checkpoint(Section):
-    dir: str | None = Field(None, description="checkpoint directory (default: <run>/checkpoints); must be shared")
+    dir: PlainPath | None = Field(None, description="checkpoint directory (default: <run>/checkpoints); must be shared")
     interval: Annotated[
         int | str,
         PlainValidator(_interval),
@@ -289,8 +316,12 @@ class Rendezvous(Section):
 
 
 class Container(Section):
-    image: str | None = Field(None, description="container image (pyxis --container-image)")
-    mounts: list[Annotated[str, Field(pattern=r"^[^,:\s]+(:[^,:\s]+(:[a-z,]+)?)?$")]] = Field(
+    image: Annotated[str, Field(pattern=r"^[^\s\x00-\x1f\x7f]+$")] | None = Field(
+        None,
+        description="container image (pyxis --container-image): one word, no spaces or control characters;"
+        " omit the field to run without a container",
+    )
+    mounts: list[Annotated[str, Field(pattern=r"^[^,:\s\x00-\x1f\x7f]+(:[^,:\s\x00-\x1f\x7f]+(:[a-z,]+)?)?$")]] = Field(
         default_factory=list, description="SRC[:DST[:FLAGS]] (pyxis --container-mounts)"
     )
 
@@ -324,7 +355,7 @@ class JobSpec(Section):
     name: Annotated[str, Field(pattern=JOB_NAME.pattern)] = Field(
         ..., description="job name: letters, digits, . _ -; at most 64 characters"
     )
-    site: Annotated[str, Field(min_length=1)] = Field("local", description="site config name or path")
+    site: Annotated[PlainPath, Field(min_length=1)] = Field("local", description="site config name or path")
     partition: Annotated[str, Field(pattern=SLURM_WORD.pattern)] | None = Field(
         None, description="Slurm partition: letters, digits, . _ - (default: the site's default partition)"
     )
@@ -356,16 +387,18 @@ class JobSpec(Section):
     signal: Signal = Field(default_factory=Signal)
     rendezvous: Rendezvous = Field(default_factory=Rendezvous)
     container: Container = Field(default_factory=Container)
-    modules: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+/@-]*$")]] = Field(
+    modules: list[Annotated[str, Field(pattern=MODULE_NAME.pattern)]] = Field(
         default_factory=list, description="environment modules to load: letters, digits, . _ + / @ -"
     )
     env: Annotated[dict[EnvName, EnvValue], BeforeValidator(lambda v: v if v is not None else {})] = Field(
         default_factory=dict, description=ENV_DESCRIPTION
     )
     command: Annotated[
-        list[Annotated[str, Field(min_length=1)]], Field(min_length=1), BeforeValidator(_command)
+        list[Annotated[ScriptText, Field(min_length=1)]], Field(min_length=1), BeforeValidator(_command)
     ] | None = Field(None, description="what each rank runs: an argv list, or a string split like a shell")
-    runs_root: str | None = Field(None, description="where run directories go (default: the site's)")
+    runs_root: PlainPath | None = Field(
+        None, description="where run directories go (default: the site's); ~ and $VARIABLES are expanded"
+    )
 
 
 

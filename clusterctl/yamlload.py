@@ -8,6 +8,7 @@ same path syntax.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,65 @@ class Located:
         return data
 
 
+MAX_DEPTH = 64
+"""Nesting deeper than any spec or site needs; deeper documents are refused before they exhaust the stack."""
+
+# What YAML allows in a stream (PyYAML's reader refuses everything else).
+_NOT_PRINTABLE = re.compile("[^\x09\x0A\x0D\x20-\x7E\x85\xA0-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
+_CHAR_NAMES = {0x00: "NUL", 0x1B: "ESC", 0x7F: "DEL", 0x08: "backspace", 0x0C: "form feed", 0x0B: "vertical tab"}
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """SafeLoader whose (recursive) composer refuses nesting deeper than MAX_DEPTH."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _TooDeep(mark.line + 1)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class _TooDeep(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
+
+
+def _unprintable_problem(text: str) -> Problem | None:
+    """The first character YAML cannot carry, with its line and column, as a Problem."""
+    found = _NOT_PRINTABLE.search(text)
+    if found is None:
+        return None
+    code = ord(found.group())
+    line = text.count("\n", 0, found.start()) + 1
+    column = found.start() - (text.rfind("\n", 0, found.start()) + 1) + 1
+    name = f"U+{code:04X}" + (f" ({_CHAR_NAMES[code]})" if code in _CHAR_NAMES else "")
+    more = len(_NOT_PRINTABLE.findall(text)) - 1
+    others = f"; {more} more such character{'s' if more != 1 else ''} follow" if more else ""
+    hint = " (a terminal colour code pasted with the text?)" if code == 0x1B else ""
+    return Problem(
+        "",
+        OMIT,
+        f"column {column}: control character {name} is not allowed in YAML, not even in a comment{hint};"
+        f" remove it{others}",
+        line,
+    )
+
+
 def parse_yaml(text: str, source: str) -> Located:
     """Parse one YAML document; malformed YAML and duplicate keys are ConfigErrors."""
-    loader = yaml.SafeLoader(text)
+    unprintable = _unprintable_problem(text)
+    if unprintable is not None:
+        raise ConfigError(source, [unprintable])
+    try:
+        loader = _DepthLimitedLoader(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [Problem("", OMIT, f"malformed YAML: {exc}")]) from None
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -121,6 +178,10 @@ def parse_yaml(text: str, source: str) -> Located:
         raise ConfigError(source, [Problem("", OMIT, message, line)]) from None
     except yaml.YAMLError as exc:
         raise ConfigError(source, [Problem("", OMIT, f"malformed YAML: {exc}")]) from None
+    except _TooDeep as exc:
+        raise ConfigError(
+            source, [Problem("", OMIT, f"nested more than {MAX_DEPTH} levels deep; a spec or site needs a few", exc.line)]
+        ) from None
     finally:
         loader.dispose()
     lines: dict[FieldPath, int] = {}
@@ -255,9 +316,11 @@ def apply_overrides(data: Any, overrides: list[str], source: str) -> Any:
         if not sep or not key or any(not part for part in key.split(".")):
             raise ConfigError(source, [Problem("--set", item, "expected FIELD.PATH=VALUE, e.g. parallel.tp=8")])
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml.load(raw, Loader=_DepthLimitedLoader) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        except _TooDeep:
+            raise ConfigError(source, [Problem("--set", item, f"a value nested at most {MAX_DEPTH} levels deep")]) from None
         target: Any = result
         parts = key.split(".")
         for depth, part in enumerate(parts[:-1]):

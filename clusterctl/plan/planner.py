@@ -126,11 +126,17 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec") -> Plan:
         raise ConfigError(source, problems)
     layout = dims.layout
     problems += _model_problems(spec, layout, dims.vpp)
+    size_problems = _size_problems(spec, site, partition, dims)
+    problems += size_problems
     problems += _partition_problems(spec, site, partition, dims, warnings)
     problems += _network_problems(spec, site)
     batch = plan_batch(spec.batch.micro, spec.batch.global_, spec.batch.grad_accum, layout.dp, spec.seq_len)
     if isinstance(batch, Problem):
         problems.append(batch)
+    if size_problems:
+        # Nothing that grows with the world size is built for a job that cannot run:
+        # `nodes: 100000000` is refused in milliseconds, not after gigabytes of groups.
+        raise ConfigError(source, problems)
     groups = {kind: layout.groups(kind) for kind in GROUP_KINDS}
     problems += _nvlink_problems(spec, node_type, dims, groups)
     if problems:
@@ -265,21 +271,47 @@ def _model_problems(spec: JobSpec, layout: RankLayout, vpp: int) -> list[Problem
     return problems
 
 
+MAX_WORLD = 1 << 20
+"""The most ranks a plan may have (ten times the largest jobs run so far), for sites whose partitions list no nodes."""
+
+
+def _size_problems(spec: JobSpec, site: Site, partition: str, dims: Dims) -> list[Problem]:
+    """Sizes the site cannot hold, found from counts alone before anything is built."""
+    part = site.partitions[partition]
+    if part.nodes:
+        available = hostlist.count(part.nodes)
+        wanted = dims.nodes + spec.spares
+        excluded = _excluded_in(spec, part.nodes) if spec.topology.exclude else set()
+        if wanted > available - len(excluded):
+            needs = f"the job needs {dims.nodes}" + (f" + {spec.spares} spares" if spec.spares else "")
+            left = f", {len(excluded)} of them excluded by topology.exclude" if excluded else ""
+            return [Problem("nodes", dims.nodes, f"partition {partition} has {available} nodes{left}; {needs}")]
+    if dims.world > MAX_WORLD:
+        return [
+            Problem(
+                "nodes",
+                dims.nodes,
+                f"{dims.nodes} nodes x {dims.gpus_per_node} GPUs = {dims.world} ranks; expected at most {MAX_WORLD} ranks",
+            )
+        ]
+    return []
+
+
+def _excluded_in(spec: JobSpec, partition_nodes: str) -> set[str]:
+    """The partition's nodes that topology.exclude names (bounded: both lists are hostlist-checked)."""
+    members = set(hostlist.expand(partition_nodes))
+    names: set[str] = set()
+    for expr in spec.topology.exclude:
+        try:
+            names.update(n for n in hostlist.expand(expr) if n in members)
+        except hostlist.HostlistError:
+            continue  # reported by _partition_problems
+    return names
+
+
 def _partition_problems(spec: JobSpec, site: Site, partition: str, dims: Dims, warnings: list[str]) -> list[Problem]:
     problems = []
     part = site.partitions[partition]
-    wanted = dims.nodes + spec.spares
-    if part.nodes:
-        available = len(hostlist.expand(part.nodes))
-        if wanted > available:
-            problems.append(
-                Problem(
-                    "nodes",
-                    dims.nodes,
-                    f"partition {partition} has {available} nodes; the job needs {dims.nodes}"
-                    + (f" + {spec.spares} spares" if spec.spares else ""),
-                )
-            )
     if part.max_time:
         limit = parse_duration(part.max_time, bare_unit=60)
         if spec.time_limit > limit:
@@ -290,17 +322,21 @@ def _partition_problems(spec: JobSpec, site: Site, partition: str, dims: Dims, w
                     f"expected at most partition {partition}'s limit {part.max_time} ({format_duration(limit)})",
                 )
             )
-    known = known_nodes(site)
-    if known is not None:
-        for expr in spec.topology.exclude:
-            try:
-                names = hostlist.expand(expr)
-            except hostlist.HostlistError as exc:
-                problems.append(Problem("topology.exclude", expr, f"expected a node name or hostlist ({exc})"))
-                continue
-            stray = [n for n in names if n not in known]
-            if stray:
-                warnings.append(f"topology.exclude names nodes the site does not list: {hostlist.compress(stray)}")
+    members = set(hostlist.expand(part.nodes)) if part.nodes else known_nodes(site)
+    for expr in spec.topology.exclude:
+        try:
+            names = hostlist.expand(expr)
+        except hostlist.HostlistError as exc:
+            problems.append(Problem("topology.exclude", expr, f"expected a node name or hostlist ({exc})"))
+            continue
+        if members is None:
+            continue
+        stray = [n for n in names if n not in members]
+        if stray:
+            where = f"partition {partition}'s nodes {part.nodes}" if part.nodes else f"nodes of site {site.name}"
+            problems.append(
+                Problem("topology.exclude", expr, f"{hostlist.compress(stray)} is not among {where}; expected names from it")
+            )
     if spec.topology.switches is not None and site.topology.kind == "flat":
         warnings.append("topology.switches is set but the site describes no switch tree; Slurm may ignore it")
     return problems
