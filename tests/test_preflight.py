@@ -749,3 +749,37 @@ def test_import_needs_only_the_standard_library() -> None:
 
 def test_errno_text_names_the_code() -> None:
     assert preflight._errno_text(errno.EROFS) == "Read-only file system (EROFS)"
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/class/net/lo"), reason="no loopback in /sys")
+def test_lab_site_nics_pass_and_a_missing_nic_fails_with_81() -> None:
+    """The slurm-lab site names the NIC its nodes have; a NIC no node has fails the job, naming NIC and host."""
+    from clusterctl.binding import binding_table
+    from clusterctl.exitcodes import ExitCode
+    from clusterctl.runtime.registry import judge
+    from clusterctl.site import load_site
+
+    site, _ = load_site("slurm-lab")
+    (node_type,) = site.node_types.values()
+    for row in binding_table(node_type):
+        lab = make_ctx(nics=tuple(row.nics.split(",")), nic_kinds=tuple(row.nic_kinds.split(",")))
+        r = only("nic", lab)
+        assert (r.ok, r.skipped) == (True, False), r.detail
+        assert r.detail.startswith(f"NICs on {HOST}: lo ")
+    bogus = "mlx5_nosuch9"
+    assert not os.path.exists(f"{preflight.SYSFS}/class/infiniband/{bogus}")
+    r = only("nic", dataclasses.replace(lab, nics=("lo", bogus), nic_kinds=("loopback", "ib")))
+    assert not r.ok
+    assert r.detail == f"on {HOST}: NIC {bogus} (ib) missing: no {preflight.SYSFS}/class/infiniband/{bogus}"
+    # What the controller makes of it: exit 81 (preflight failed), the node and the NIC named.
+    versions = {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None}
+    checks = {"node06": [], HOST: [{"name": r.name, "ok": r.ok, "detail": r.detail}]}
+    records = {
+        rank: {"rank": rank, "world_size": 2, "host": host, "pid": 100 + rank, "token": "t", "versions": versions,
+               "preflight": checks[host]}
+        for rank, host in enumerate(["node06", HOST])
+    }
+    verdict = judge(records, {}, world_size=2, hosts=["node06", HOST], gpus_per_node=1, token="t")
+    assert verdict.code == ExitCode.PREFLIGHT_FAILED == 81
+    assert verdict.message == f"preflight failed on 1 node(s): {HOST}: rank 1 nic: {r.detail}"
+    assert verdict.evidence == {"nodes": [HOST]}

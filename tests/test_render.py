@@ -208,6 +208,50 @@ def test_wrapper_gives_each_rank_the_plan(tmp_path: Path, site: str) -> None:
     assert not (Path.cwd() / "pwned2").exists()
 
 
+# The shipped dgx-h100 rail map, written out: GPU i's own NIC (the storage ports mlx5_1/2/7/8 are on no rail).
+DGX_H100_NICS = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
+
+
+@pytest.mark.parametrize(
+    ("gpn", "physical"),
+    [(8, [0, 1, 2, 3, 4, 5, 6, 7]), (4, [4, 5, 6, 7]), (2, [1, 6])],
+    ids=["whole-node", "upper-half", "two-gpus"],
+)
+def test_wrapper_gives_each_rank_its_own_rail(tmp_path: Path, gpn: int, physical: list[int]) -> None:
+    """A multi-rail site: each rank gets the HCA of the GPU Slurm gave its task, exactly (`=mlx5_N:1`).
+
+    As on a real cluster with cgroup-constrained devices: every task sees its
+    node's GPUs renumbered from 0 (CUDA_VISIBLE_DEVICES) and SLURM_STEP_GPUS
+    names the physical ones, which key the rail map.
+    """
+    overrides = ["nodes=2", f"gpus_per_node={gpn}", f"parallel.tp={gpn}"]
+    job = load_job(write_spec(tmp_path, "dgx-h100", command=["python3", str(REPORT)]), overrides)
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text(render_run(job.plan, tmp_path / "run", python=sys.executable, standalone=True).files["wrapper.sh"])
+    attempt_dir = tmp_path / "attempt"
+    attempt_dir.mkdir()
+    path = fake_binders(tmp_path / "bin")
+    slurm = {
+        "CLUSTERCTL_ATTEMPT_DIR": str(attempt_dir),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpn)),
+        "SLURM_STEP_GPUS": ",".join(str(g) for g in physical),
+        "NCCL_IB_HCA": "=mlx5_1:1",  # inherited from the login node: replaced
+    }
+    hcas = {}
+    for rank in range(2 * gpn):
+        got = run_wrapper(wrapper, rank, gpn, 2 * gpn, ["dgx-001", "dgx-002"], slurm, path)
+        gpu = physical[rank % gpn]
+        nic = DGX_H100_NICS[gpu]
+        assert got["CUDA_VISIBLE_DEVICES"] == str(rank % gpn)
+        assert got["CLUSTERCTL_GPU"] == str(gpu)
+        assert got["NCCL_IB_HCA"] == f"={nic}:1", rank
+        assert got["UCX_NET_DEVICES"] == f"{nic}:1"
+        assert got["CLUSTERCTL_NIC"] == nic
+        hcas.setdefault(rank // gpn, []).append(got["NCCL_IB_HCA"])
+    for node in hcas.values():
+        assert node == [f"={DGX_H100_NICS[g]}:1" for g in physical]  # one rail per rank, none shared
+
+
 def test_wrapper_binds_cpus_on_this_machine(tmp_path: Path) -> None:
     job = load_job(write_spec(tmp_path, "local", command=["python3", str(REPORT)]), SITE_JOBS["local"])
     rendered = render_run(job.plan, tmp_path / "run", python=sys.executable, standalone=True)

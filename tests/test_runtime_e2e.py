@@ -17,12 +17,13 @@ import pytest
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.job import load_job
+from clusterctl.spec import DEFAULT_PREFLIGHT
 from clusterctl.submit import submit_job
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "programs" / "faults"
 BACKEND_SITES = {"slurm": "slurm-lab", "local": "local"}
-CHECKS = ["gpu", "cpu", "memory", "dirs", "shared_fs"]  # the lab's mlx5 NICs are fiction: no nic check
+CHECKS = list(DEFAULT_PREFLIGHT)  # the defaults, nic included: both sites name NICs their nodes have (lo)
 
 
 @pytest.fixture(params=["slurm", "local"])

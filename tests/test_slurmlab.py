@@ -3,11 +3,15 @@ signals to the batch shell behave like on a real site."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
+from clusterctl.job import load_job
+from clusterctl.spec import DEFAULT_PREFLIGHT
+from clusterctl.submit import submit_job
 from tests.slurmlab.plugin import SlurmLab, wait_job
 
 pytestmark = pytest.mark.slurm
@@ -128,3 +132,38 @@ exit 7
     assert marker.exists(), (tmp_path / "trap.out").read_text()
     assert marker.read_text().strip() == "USR2 in batch shell"
     assert (result.state, result.exit_code) == ("COMPLETED", 0), result
+
+
+def test_default_preflight_passes_the_nic_check_on_the_lab(
+    slurm_lab: SlurmLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slurm-lab site describes the NIC the lab's nodes really have, so a job with the default checks runs."""
+    monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
+    spec = {
+        "name": "lab-nic",
+        "site": "slurm-lab",
+        "time_limit": "5m",
+        "nodes": 2,
+        "gpus_per_node": 2,
+        "parallel": {"tp": 2},
+        "signal": {"lead_s": 60},
+        "runs_root": str(tmp_path / "runs"),
+        "command": ["true"],
+    }  # no preflight: the defaults
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(spec))
+    job = load_job(path)
+    assert job.spec.preflight.checks == list(DEFAULT_PREFLIGHT) and "nic" in DEFAULT_PREFLIGHT
+    done = submit_job(job, "slurm")
+    result = wait_job(slurm_lab, done.job_id, timeout=90)
+    log = (done.run.path / f"slurm-{done.job_id}.out").read_text()
+    assert (result.state, result.exit_code) == ("COMPLETED", 0), log
+    manifest = json.loads((done.run.attempt(1) / "manifest.json").read_text())
+    assert len(manifest["ranks"]) == 4
+    for rank in manifest["ranks"]:
+        checks = {c["name"]: c for c in rank["preflight"]}
+        assert set(checks) == set(DEFAULT_PREFLIGHT), checks
+        nic = checks["nic"]
+        assert (nic["ok"], nic["skipped"]) == (True, False), nic
+        assert nic["detail"].startswith(f"NICs on {rank['host']}: lo "), nic
+        assert [n["name"] for n in nic["data"]["nics"]] == ["lo"]

@@ -9,9 +9,9 @@ set -u
 GPU_CPUS=('0' '1' '0' '1' )
 GPU_NCPUS=(1 1 1 1 )
 GPU_NUMA=(0 0 0 0 )
-GPU_NICS=('mlx5_0' 'mlx5_1' 'mlx5_2' 'mlx5_3' )
-GPU_HCA=('=mlx5_0:1' '=mlx5_1:1' '=mlx5_2:1' '=mlx5_3:1' )
-GPU_UCX=('mlx5_0:1' 'mlx5_1:1' 'mlx5_2:1' 'mlx5_3:1' )
+GPU_NICS=('lo' 'lo' 'lo' 'lo' )
+GPU_HCA=('' '' '' '' )
+GPU_UCX=('lo' 'lo' 'lo' 'lo' )
 
 fail() { echo "clusterctl wrapper (rank ${SLURM_PROCID:-?} on ${SLURMD_NODENAME:-?}): $*" >&2; exit 80; }
 fail_preflight() { echo "clusterctl wrapper (rank ${SLURM_PROCID:-?} on ${SLURMD_NODENAME:-?}): $*" >&2; exit 81; }
