@@ -38,7 +38,6 @@ def test_signal_to_the_batch_shell_saves_commits_and_exits_85(backend: str, tmp_
         "nodes": 2,
         "gpus_per_node": 1,
         "signal": {"name": "USR2", "lead_s": 60},
-        "preflight": {"checks": ["cpu", "memory", "dirs", "shared_fs"]},
         "checkpoint": {"interval": 100000, "keep": 2},
         "runs_root": str(tmp_path / "runs"),
         "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64},
