@@ -25,8 +25,12 @@ BIND_TOOL = "CLUSTERCTL_BIND"  # numactl, taskset or none
 COORD_PREFIX = "CLUSTERCTL_"  # + TP_RANK, PP_RANK, DP_RANK, CP_RANK, EP_RANK
 COORDS = ("tp", "cp", "ep", "dp", "pp")
 
-# Set for ranks when the node runs a heartbeat aggregator (a Unix datagram socket).
+# Set for ranks when the node runs a heartbeat aggregator (a Unix datagram socket):
+# HEARTBEAT_DIR by the batch script (the socket's name follows from token and node),
+# HEARTBEAT_SOCKET to name one socket directly (tests, user scripts).
 HEARTBEAT_SOCKET = "CLUSTERCTL_HEARTBEAT_SOCKET"
+HEARTBEAT_DIR = "CLUSTERCTL_HEARTBEAT_DIR"
+WATCH_ADDR = "CLUSTERCTL_WATCH_ADDR"  # host:port where the controller takes the aggregators' batches
 
 # torch.distributed's own names.
 TORCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -6,7 +6,8 @@ every phase change and a beat each second go as one JSON datagram to the
 node's Unix socket; a send that fails (aggregator gone, buffer full) is
 dropped, never raised, and never blocks training.
 
-A message: {rank, attempt, step, phase, step_s, compute_s, t}. A SIGSTOPped
+A message: {kind, rank, attempt, step, phase, step_s, compute_s, t, pid, gpu}
+where kind is `phase`, `step`, `alive` or `closed` (the loop is done). A SIGSTOPped
 or dead process stops both kinds; a rank blocked in a collective keeps its
 liveness beat but stops changing phase — which is how the watchdog tells a
 hang's culprit from its victims.
@@ -14,6 +15,7 @@ hang's culprit from its victims.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -23,8 +25,26 @@ from typing import Any
 
 from clusterctl import envnames
 
-PHASES = ("start", "forward", "backward", "optimizer", "collective", "save", "idle")
+PHASES = ("start", "forward", "backward", "optimizer", "collective", "save", "eval", "idle")
 LIVENESS_S = 1.0
+
+
+def socket_path(directory: str, token: str, node: str) -> str:
+    """The node aggregator's socket: one per attempt (token) and emulated node, short enough for AF_UNIX."""
+    name = node if len(node) <= 40 and "/" not in node else hashlib.sha1(node.encode()).hexdigest()[:16]
+    return os.path.join(directory, f"clusterctl-{token[:12]}-{name}.sock")
+
+
+def socket_from_env() -> str | None:
+    """CLUSTERCTL_HEARTBEAT_SOCKET, else the aggregator's socket when the batch script runs aggregators."""
+    explicit = os.environ.get(envnames.HEARTBEAT_SOCKET)
+    if explicit:
+        return explicit
+    directory, token = os.environ.get(envnames.HEARTBEAT_DIR), os.environ.get(envnames.TOKEN)
+    node = os.environ.get("SLURMD_NODENAME")
+    if directory and token and node:
+        return socket_path(directory, token, node)
+    return None
 
 
 class Heartbeat:
@@ -33,7 +53,10 @@ class Heartbeat:
     def __init__(self, rank: int, attempt: int = 0, socket_path: str | None = None, *, liveness_s: float = LIVENESS_S) -> None:
         self.rank = rank
         self.attempt = attempt
-        self.path = socket_path if socket_path is not None else os.environ.get(envnames.HEARTBEAT_SOCKET)
+        self.path = socket_path if socket_path is not None else socket_from_env()
+        self.pid = os.getpid()
+        gpu = os.environ.get(envnames.GPU, "")
+        self.gpu = int(gpu) if gpu.isdigit() else None
         self.step = 0
         self.phase_name = "start"
         self.step_s: float | None = None
@@ -75,6 +98,8 @@ class Heartbeat:
             "step_s": self.step_s,
             "compute_s": self.compute_s,
             "t": time.time(),
+            "pid": self.pid,
+            "gpu": self.gpu,
         }
 
     def _send(self, kind: str) -> None:
@@ -90,6 +115,8 @@ class Heartbeat:
             self._send("alive")
 
     def close(self) -> None:
+        """Stop beating and say so: a rank past its training loop is no longer judged for progress."""
+        self._send("closed")
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)

@@ -322,7 +322,15 @@ def _check_clocks(nvml: Any, query: Callable[..., Any], data: dict[str, Any], pr
         return
     mask = int(reasons)
     data["clock_event_reasons"] = mask
-    active = [
+    active = slowdown_reasons(nvml, mask)
+    data["slowdown"] = active
+    if active:
+        problems.append("clocks slowed: " + ", ".join(active))
+
+
+def slowdown_reasons(nvml: Any, mask: int) -> list[str]:
+    """The clock event bits in `mask` that are faults (thermal, power brake, hardware slowdown)."""
+    return [
         key
         for key, suffix, default in _BAD_CLOCK_REASONS
         if mask
@@ -332,9 +340,6 @@ def _check_clocks(nvml: Any, query: Callable[..., Any], data: dict[str, Any], pr
             or default
         )
     ]
-    data["slowdown"] = active
-    if active:
-        problems.append("clocks slowed: " + ", ".join(active))
 
 
 def _not_supported(nvml: Any, exc: BaseException) -> bool:

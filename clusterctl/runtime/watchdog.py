@@ -1,0 +1,311 @@
+"""The watchdog: hang and straggler verdicts from the ranks' heartbeats, while training runs.
+
+Pure: it is fed heartbeat messages and process facts with the time they were
+received, and asked `check(now)`; it does no I/O and reads no clock, so every
+rule is tested with made-up timelines. The controller owns the sockets.
+
+Rules (the README's "Watching a job" section says the same):
+
+* Hang (82): no rank made progress (a phase change or a finished step) for
+  the hang timeout. After warm-up the timeout is `HANG_MULTIPLE` times the
+  median step time of the recent window, at least `HANG_FLOOR_S` and at most
+  `watchdog.hang_timeout`; during warm-up, an evaluation or before the first
+  step it is `watchdog.hang_timeout`; while a rank saves a checkpoint it is
+  `watchdog.save_timeout`. The culprit is, in this order: the rank whose
+  process is stopped or whose liveness beat stopped; the rank that never
+  entered the collective its peers wait in; the rank behind its peers' step.
+  The ranks waiting for it are victims, never culprits.
+* Straggler (83): over the last `watchdog.window` steps, a rank's median
+  compute time (the part of the step outside collectives) exceeds its peers'
+  median by `watchdog.straggler_factor`, or its own median of an earlier
+  window by that factor while its peers' did not change as much.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterctl.exitcodes import ExitCode
+
+HANG_MULTIPLE = 5.0
+HANG_FLOOR_S = 3.0
+LIVENESS_TIMEOUT_S = 4.0  # beats come every second: four missed in a row
+WARMUP_STEPS = 5
+PROGRESS_KINDS = ("phase", "step")
+WAITING_PHASES = ("collective",)
+
+
+@dataclass(frozen=True)
+class Settings:
+    hang_timeout: float = 120.0
+    save_timeout: float = 900.0
+    straggler_factor: float = 1.5
+    window: int = 20
+
+    @classmethod
+    def from_run(cls, run: dict[str, Any]) -> Settings:
+        wd = run.get("watchdog", {})
+        return cls(
+            hang_timeout=float(wd.get("hang_timeout", cls.hang_timeout)),
+            save_timeout=float(wd.get("save_timeout", cls.save_timeout)),
+            straggler_factor=float(wd.get("straggler_factor", cls.straggler_factor)),
+            window=int(wd.get("window", cls.window)),
+        )
+
+
+@dataclass
+class RankState:
+    rank: int
+    node: str = ""
+    pid: int | None = None
+    gpu: int | None = None
+    phase: str = "start"
+    step: int = -1
+    last_beat: float | None = None
+    last_progress: float | None = None
+    phase_since: float | None = None
+    steps_done: int = 0
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    compute: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=512))
+    process: str | None = None  # the aggregator's view: running, sleeping, stopped, gone
+    closed: bool = False  # the rank's training loop said it is done
+    gone_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A verdict the watchdog reached; the controller acts on it and writes verdict.json."""
+
+    code: int
+    message: str
+    culprits: list[dict[str, Any]]
+    victims: list[dict[str, Any]]
+    evidence: dict[str, Any]
+
+
+class Watchdog:
+    def __init__(self, world: int, hosts: list[str], gpus_per_node: int, settings: Settings) -> None:
+        self.world = world
+        self.hosts = hosts
+        self.gpn = gpus_per_node
+        self.settings = settings
+        self.ranks = [RankState(r, node=hosts[r // gpus_per_node] if hosts else "") for r in range(world)]
+        self.started: float | None = None
+        self.last_progress: float | None = None
+        self.gpu_samples: dict[str, dict[str, Any]] = {}  # node -> latest sample per GPU
+
+    # --- input -------------------------------------------------------------------
+    def observe(self, msg: dict[str, Any], received: float) -> None:
+        """One heartbeat message ({kind, rank, step, phase, step_s, compute_s, pid, gpu})."""
+        rank = msg.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < self.world:
+            return
+        state = self.ranks[rank]
+        if self.started is None:
+            self.started = received
+        state.last_beat = received
+        if msg.get("pid"):
+            state.pid = int(msg["pid"])
+        if msg.get("gpu") is not None:
+            state.gpu = msg["gpu"]
+        kind = msg.get("kind")
+        if kind == "closed":
+            state.closed = True
+        if kind not in PROGRESS_KINDS:
+            return
+        step = int(msg.get("step", state.step))
+        phase = str(msg.get("phase", state.phase))
+        if kind == "step":
+            state.steps_done += 1
+            if msg.get("step_s") is not None:
+                state.step_times.append(float(msg["step_s"]))
+            if msg.get("compute_s") is not None:
+                state.compute.append((step, float(msg["compute_s"])))
+        if kind == "step" or phase != state.phase or step != state.step:
+            state.last_progress = received
+            self.last_progress = received
+        if phase != state.phase:
+            state.phase_since = received
+        state.phase, state.step = phase, step
+
+    def observe_process(self, rank: int, status: str, when: float) -> None:
+        """The aggregator saw the rank's process `running`, `sleeping`, `stopped` or `gone`."""
+        if 0 <= rank < self.world:
+            state = self.ranks[rank]
+            state.process = status
+            if status == "gone" and state.gone_at is None:
+                state.gone_at = when
+
+    def observe_gpus(self, node: str, sample: dict[str, Any]) -> None:
+        self.gpu_samples[node] = sample
+
+    # --- rules ---------------------------------------------------------------------
+    def hang_timeout(self) -> tuple[float, str]:
+        """The no-progress time that makes a hang now, and why that much."""
+        s = self.settings
+        live = [r for r in self.ranks if r.process != "gone"]
+        if any(r.phase == "save" for r in live):
+            return s.save_timeout, "a checkpoint save is in progress (watchdog.save_timeout)"
+        if any(r.phase == "eval" for r in live):
+            return s.hang_timeout, "an evaluation is in progress (watchdog.hang_timeout)"
+        done = sorted(r.steps_done for r in self.ranks)
+        if not done or done[len(done) // 2] < WARMUP_STEPS:
+            return s.hang_timeout, "warm-up: fewer than 5 steps observed (watchdog.hang_timeout)"
+        recent = [t for r in self.ranks for t in list(r.step_times)[-s.window :]]
+        median = statistics.median(recent) if recent else s.hang_timeout
+        derived = min(s.hang_timeout, max(HANG_FLOOR_S, HANG_MULTIPLE * median))
+        return derived, f"{HANG_MULTIPLE:g} x the median step time {median:.3g} s (at most watchdog.hang_timeout)"
+
+    def check(self, now: float) -> Finding | None:
+        return self.check_hang(now) or self.check_straggler()
+
+    def check_hang(self, now: float) -> Finding | None:
+        if self.last_progress is None:
+            return None  # no rank reports phases: nothing to judge progress by
+        timeout, why = self.hang_timeout()
+        stalled = now - self.last_progress
+        if stalled < timeout:
+            return None
+        culprits, reason = self._hang_culprits(now)
+        blamed = {c.rank for c in culprits}
+        victims = [r for r in self.ranks if r.rank not in blamed]
+        evidence = {
+            "hang_timeout_s": round(timeout, 3),
+            "timeout_rule": why,
+            "no_progress_s": round(stalled, 3),
+            "ranks": {str(r.rank): self._rank_facts(r, now) for r in self.ranks},
+        }
+        self._add_gpu_evidence(evidence, culprits)
+        if culprits:
+            first = culprits[0]
+            message = (
+                f"hang: no progress for {stalled:.1f} s (timeout {timeout:.1f} s); culprit rank {first.rank} on"
+                f" {first.node}: {reason}" + (f" (+{len(culprits) - 1} more)" if len(culprits) > 1 else "")
+            )
+        else:
+            message = (
+                f"hang: no progress for {stalled:.1f} s (timeout {timeout:.1f} s) on any rank; no single culprit"
+                " (every rank waits in the same phase)"
+            )
+        return Finding(
+            int(ExitCode.HANG),
+            message,
+            [self._entry(r, reason) for r in culprits],
+            [self._entry(r, f"waiting in {r.phase} at step {r.step}") for r in victims],
+            evidence,
+        )
+
+    def _hang_culprits(self, now: float) -> tuple[list[RankState], str]:
+        silent = [
+            r
+            for r in self.ranks
+            if r.process == "stopped"
+            or (r.last_beat is not None and now - r.last_beat > LIVENESS_TIMEOUT_S and r.process != "gone")
+        ]
+        if silent and len(silent) < self.world:
+            silent.sort(key=lambda r: (r.last_beat or 0.0, r.rank))
+            first = silent[0]
+            state = "process stopped" if first.process == "stopped" else "no liveness beat"
+            age = now - (first.last_beat or now)
+            return silent, f"{state}, last heartbeat {age:.1f} s ago in phase {first.phase} at step {first.step}"
+        waiting = [r for r in self.ranks if r.phase in WAITING_PHASES]
+        outside = [r for r in self.ranks if r.phase not in WAITING_PHASES]
+        if waiting and outside and len(outside) < len(waiting):
+            outside.sort(key=lambda r: (r.phase_since or 0.0, r.rank))
+            first = outside[0]
+            return outside, (
+                f"never entered the collective its peers wait in: in phase {first.phase} at step {first.step}"
+                f" for {now - (first.phase_since or now):.1f} s"
+            )
+        steps = [r.step for r in self.ranks]
+        lowest, highest = min(steps), max(steps)
+        if lowest < highest:
+            behind = [r for r in self.ranks if r.step == lowest]
+            if len(behind) < self.world:
+                return behind, f"behind its peers: at step {lowest} in phase {behind[0].phase}, peers at step {highest}"
+        return [], ""
+
+    def check_straggler(self) -> Finding | None:
+        s = self.settings
+        recent: dict[int, float] = {}
+        earlier: dict[int, float] = {}
+        for r in self.ranks:
+            samples = [c for _, c in r.compute]
+            usable = samples[WARMUP_STEPS:]
+            if len(usable) < s.window:
+                return None  # every rank needs a full window
+            recent[r.rank] = statistics.median(usable[-s.window :])
+            if len(usable) >= 2 * s.window:
+                earlier[r.rank] = statistics.median(usable[: s.window])
+        worst: tuple[float, int, str] | None = None
+        for rank, mine in recent.items():
+            peers = [v for k, v in recent.items() if k != rank]
+            if peers:
+                base = statistics.median(peers)
+                if base > 0 and mine > s.straggler_factor * base:
+                    ratio = mine / base
+                    why = (
+                        f"median compute time {mine:.3g} s over the last {s.window} steps is {ratio:.2f}x its peers'"
+                        f" median {base:.3g} s (watchdog.straggler_factor {s.straggler_factor:g})"
+                    )
+                    if worst is None or ratio > worst[0]:
+                        worst = (ratio, rank, why)
+            if rank in earlier and earlier[rank] > 0:
+                own = mine / earlier[rank]
+                peer_own = [recent[k] / earlier[k] for k in recent if k != rank and earlier.get(k)]
+                calm = not peer_own or statistics.median(peer_own) < s.straggler_factor
+                if own > s.straggler_factor and calm and (worst is None or own > worst[0]):
+                    worst = (
+                        own,
+                        rank,
+                        f"median compute time {mine:.3g} s over the last {s.window} steps is {own:.2f}x its own"
+                        f" earlier {earlier[rank]:.3g} s (watchdog.straggler_factor {s.straggler_factor:g})",
+                    )
+        if worst is None:
+            return None
+        ratio, rank, why = worst
+        culprit = self.ranks[rank]
+        evidence: dict[str, Any] = {
+            "straggler_factor": s.straggler_factor,
+            "window": s.window,
+            "ratio": round(ratio, 3),
+            "median_compute_s": {str(k): round(v, 6) for k, v in sorted(recent.items())},
+            "culprit_compute_s": [[step, round(c, 6)] for step, c in list(culprit.compute)[-s.window :]],
+            "step": culprit.step,
+        }
+        self._add_gpu_evidence(evidence, [culprit])
+        return Finding(
+            int(ExitCode.STRAGGLER),
+            f"straggler: rank {rank} on {culprit.node}: {why}",
+            [self._entry(culprit, why)],
+            [self._entry(r, "slowed by the straggler") for r in self.ranks if r.rank != rank],
+            evidence,
+        )
+
+    # --- helpers ---------------------------------------------------------------------
+    def _entry(self, r: RankState, reason: str) -> dict[str, Any]:
+        return {"rank": r.rank, "host": r.node, "gpu": r.gpu, "reason": reason}
+
+    def _rank_facts(self, r: RankState, now: float) -> dict[str, Any]:
+        return {
+            "host": r.node,
+            "pid": r.pid,
+            "phase": r.phase,
+            "step": r.step,
+            "process": r.process,
+            "last_beat_age_s": None if r.last_beat is None else round(now - r.last_beat, 3),
+            "in_phase_s": None if r.phase_since is None else round(now - r.phase_since, 3),
+        }
+
+    def _add_gpu_evidence(self, evidence: dict[str, Any], culprits: list[RankState]) -> None:
+        found = {}
+        for r in culprits:
+            sample = self.gpu_samples.get(r.node, {})
+            gpu = sample.get(str(r.gpu)) if r.gpu is not None else None
+            if gpu is not None:
+                found[str(r.rank)] = gpu
+        if found:
+            evidence["gpu"] = found

@@ -1,0 +1,257 @@
+"""The watchdog's and the end-of-attempt judge's rules, on made-up timelines (pure: no processes).
+
+The multi-process behaviour (real aggregators, real signals) is in
+test_detection.py; here each rule is pinned with exact numbers: which rank
+is blamed, which are victims, and after how long.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime.blame import Facts, judge_end, parse_srun_lines
+from clusterctl.runtime.watchdog import HANG_FLOOR_S, HANG_MULTIPLE, Settings, Watchdog
+
+HOSTS = ["n1", "n2"]
+
+
+def training(world: int = 4, steps: int = 30, step_s: float = 1.0, compute: dict[int, float] | None = None,
+             settings: Settings | None = None, noise: float = 0.0, seed: int = 0) -> tuple[Watchdog, float]:
+    """A watchdog fed `steps` synchronous steps of every rank; returns it and the time after the last step."""
+    wd = Watchdog(world, HOSTS, max(1, world // len(HOSTS)), settings or Settings(hang_timeout=120, straggler_factor=1.25, window=20))
+    rng = random.Random(seed)
+    t = 1000.0
+    for step in range(steps):
+        for rank in range(world):
+            wd.observe({"kind": "phase", "rank": rank, "step": step, "phase": "forward", "pid": 100 + rank, "gpu": rank % 2}, t)
+        t += step_s * 0.8
+        for rank in range(world):
+            wd.observe({"kind": "phase", "rank": rank, "step": step, "phase": "collective"}, t)
+        t += step_s * 0.2
+        for rank in range(world):
+            c = (compute or {}).get(rank, 0.8 * step_s) * (1 + rng.uniform(-noise, noise))
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": step_s, "compute_s": c}, t)
+            wd.observe({"kind": "alive", "rank": rank}, t)
+    return wd, t
+
+
+def test_hang_timeout_is_derived_from_the_step_time_after_warmup() -> None:
+    wd, _ = training(steps=3)
+    assert wd.hang_timeout()[0] == 120  # warm-up: the configured bound
+    wd, _ = training(steps=10, step_s=1.0)
+    assert wd.hang_timeout()[0] == pytest.approx(HANG_MULTIPLE * 1.0)
+    wd, _ = training(steps=10, step_s=0.1)
+    assert wd.hang_timeout()[0] == HANG_FLOOR_S
+    wd, _ = training(steps=10, step_s=60.0)
+    assert wd.hang_timeout()[0] == 120  # bounded above by watchdog.hang_timeout
+
+
+def test_a_stopped_rank_is_the_culprit_and_its_waiting_peers_are_victims() -> None:
+    wd, t = training(steps=10)
+    # Step 10: rank 2 is stopped in its forward; the others finish theirs and wait in the collective.
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 10, "phase": "forward"}, t)
+    for rank in (0, 1, 3):
+        wd.observe({"kind": "phase", "rank": rank, "step": 10, "phase": "collective"}, t + 0.8)
+    for second in range(1, 7):
+        for rank in (0, 1, 3):
+            wd.observe({"kind": "alive", "rank": rank}, t + second)
+    assert wd.check(t + 0.8 + 4.9) is None  # 5 s timeout (5 x 1 s steps) not reached
+    finding = wd.check(t + 0.8 + 5.1)
+    assert finding is not None and finding.code == ExitCode.HANG
+    assert [c["rank"] for c in finding.culprits] == [2]
+    assert finding.culprits[0]["host"] == "n2" and finding.culprits[0]["gpu"] == 0
+    assert "no liveness beat" in finding.culprits[0]["reason"]
+    assert sorted(v["rank"] for v in finding.victims) == [0, 1, 3]
+    assert finding.evidence["hang_timeout_s"] == 5.0
+    assert finding.evidence["ranks"]["2"]["phase"] == "forward"
+
+
+def test_the_aggregators_stopped_state_names_the_culprit_before_its_beats_age() -> None:
+    wd, t = training(steps=10)
+    for rank in (0, 1, 2, 3):
+        wd.observe({"kind": "phase", "rank": rank, "step": 10, "phase": "collective" if rank != 1 else "backward"}, t)
+    for second in range(1, 7):
+        for rank in (0, 2, 3):
+            wd.observe({"kind": "alive", "rank": rank}, t + second)
+    wd.observe_process(1, "stopped", t + 1)
+    finding = wd.check(t + 5.5)
+    assert finding is not None and [c["rank"] for c in finding.culprits] == [1]
+    assert "process stopped" in finding.culprits[0]["reason"]
+
+
+def test_a_rank_busy_outside_the_collective_is_the_culprit_of_a_hang() -> None:
+    wd, t = training(steps=10)
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 10, "phase": "forward"}, t)
+    for rank in (0, 2, 3):
+        wd.observe({"kind": "phase", "rank": rank, "step": 10, "phase": "collective"}, t + 0.5)
+    for second in range(1, 8):  # everybody's liveness beat goes on: rank 1 is alive but stuck in its forward
+        for rank in range(4):
+            wd.observe({"kind": "alive", "rank": rank}, t + second)
+    finding = wd.check(t + 6)
+    assert finding is not None and [c["rank"] for c in finding.culprits] == [1]
+    assert "never entered the collective" in finding.culprits[0]["reason"]
+
+
+def test_saves_and_evaluations_have_their_own_timeouts() -> None:
+    settings = Settings(hang_timeout=30, save_timeout=60, straggler_factor=1.25, window=20)
+    wd, t = training(steps=10, settings=settings)
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "save"}, t)
+    for second in range(1, 70):
+        for rank in range(4):
+            wd.observe({"kind": "alive", "rank": rank}, t + second)
+    assert wd.check(t + 59) is None
+    assert wd.check(t + 61) is not None
+    wd, t = training(steps=10, settings=settings)
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "eval"}, t)
+    assert wd.check(t + 29) is None
+    assert wd.check(t + 31).code == ExitCode.HANG
+
+
+@pytest.mark.parametrize("factor, within", [(1.5, 30), (3.0, 30)])
+def test_a_straggler_is_named_from_its_compute_time(factor: float, within: int) -> None:
+    wd, t = training(steps=30, noise=0.05)
+    assert wd.check(t) is None
+    rng = random.Random(1)
+    for extra in range(within):
+        step = 30 + extra
+        t += 1.0 * factor
+        for rank in range(4):
+            c = 0.8 * (factor if rank == 3 else 1.0) * (1 + rng.uniform(-0.05, 0.05))
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": factor, "compute_s": c}, t)
+        finding = wd.check(t)
+        if finding is not None:
+            break
+    assert finding is not None and finding.code == ExitCode.STRAGGLER, f"not named within {within} steps"
+    assert [c["rank"] for c in finding.culprits] == [3]
+    assert sorted(v["rank"] for v in finding.victims) == [0, 1, 2]
+    assert finding.evidence["ratio"] > 1.25
+    assert extra + 1 <= 12  # the median of a 20-step window turns after 11 slow steps
+
+
+def test_a_rank_slower_than_its_own_past_is_a_straggler_even_alone() -> None:
+    wd, t = training(world=1, steps=40)
+    for step in range(40, 60):
+        t += 2
+        wd.observe({"kind": "step", "rank": 0, "step": step, "phase": "collective", "step_s": 2, "compute_s": 1.6}, t)
+    finding = wd.check(t)
+    assert finding is not None and finding.code == ExitCode.STRAGGLER and "its own earlier" in finding.message
+
+
+def test_no_false_verdict_over_a_noisy_clean_run_with_saves_and_evaluations() -> None:
+    settings = Settings(hang_timeout=120, save_timeout=900, straggler_factor=1.25, window=20)
+    wd = Watchdog(4, HOSTS, 2, settings)
+    rng = random.Random(7)
+    t = 0.0
+    for step in range(400):
+        for rank in range(4):
+            wd.observe({"kind": "phase", "rank": rank, "step": step, "phase": "forward"}, t)
+        t += rng.uniform(0.7, 1.3)
+        for rank in range(4):
+            c = rng.uniform(0.6, 1.0)
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.0, "compute_s": c}, t)
+        if step % 50 == 49:
+            for rank in range(4):
+                wd.observe({"kind": "phase", "rank": rank, "step": step, "phase": "save"}, t)
+            t += 20  # a save far longer than the derived hang timeout
+            assert wd.check(t) is None
+        if step % 25 == 24:
+            for rank in range(4):
+                wd.observe({"kind": "phase", "rank": rank, "step": step, "phase": "eval"}, t)
+            t += 15
+            assert wd.check(t) is None
+        assert wd.check(t) is None, step
+
+
+def test_a_plain_script_without_phases_is_never_judged_hung() -> None:
+    wd = Watchdog(2, ["n1"], 2, Settings())
+    for second in range(1000):
+        wd.observe({"kind": "alive", "rank": 0}, second)
+    assert wd.check(1000) is None
+
+
+# --- the end-of-attempt judge --------------------------------------------------------
+
+KILLED = """srun: error: n2: task 2: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=1.0
+0: slurmstepd-n1: error: *** STEP 1.0 ON n1 CANCELLED AT 2026-11-30T21:59:25 ***
+srun: error: n2: task 3: Terminated
+srun: error: n1: tasks 0-1: Terminated
+srun: Force Terminated StepId=1.0""".splitlines()
+
+
+def test_srun_lines_are_read_in_order_with_the_terminate_marker() -> None:
+    ends = parse_srun_lines(KILLED)
+    assert [(e.node, e.ranks, e.what, e.after_terminate) for e in ends] == [
+        ("n2", (2,), "Killed", False),
+        ("n2", (3,), "Terminated", True),
+        ("n1", (0, 1), "Terminated", True),
+    ]
+
+
+def test_a_killed_rank_is_the_culprit_not_the_ranks_that_saw_it_go() -> None:
+    facts = Facts(
+        world=4,
+        hosts=HOSTS,
+        gpus_per_node=2,
+        gpus={0: 0, 1: 1, 2: 0, 3: 1},
+        errors={
+            0: "Traceback (most recent call last):\n  ...\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:23456",
+            1: "RuntimeError: Connection closed by peer",
+            3: "DistBackendError: NCCL communicator was aborted on rank 3",
+        },
+        srun=parse_srun_lines(KILLED),
+        deaths={2: 10.0, 3: 10.05, 0: 10.06, 1: 10.07},
+    )
+    blame = judge_end(facts)
+    assert blame is not None and blame.code == ExitCode.SCRIPT_FAILED
+    assert [c["rank"] for c in blame.culprits] == [2]
+    assert blame.culprits[0] == {"rank": 2, "host": "n2", "gpu": 0, "reason": "killed by a signal (Killed) before any peer failed"}
+    assert sorted(v["rank"] for v in blame.victims) == [0, 1, 3]
+    assert blame.evidence["how"] == "Killed"
+    assert blame.message.startswith("rank 2 on n2 failed")
+
+
+def test_a_rank_whose_script_raised_is_the_culprit_even_if_a_victim_exited_first() -> None:
+    lines = """srun: error: n1: task 0: Exited with exit code 1
+srun: error: n1: task 1: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=5.0
+srun: error: n2: tasks 2-3: Terminated""".splitlines()
+    facts = Facts(
+        world=4, hosts=HOSTS, gpus_per_node=2,
+        errors={0: "RuntimeError: Connection reset by peer", 1: "Traceback ...\nValueError: bad batch shape (3, 7)"},
+        srun=parse_srun_lines(lines),
+    )
+    blame = judge_end(facts)
+    assert [c["rank"] for c in blame.culprits] == [1]
+    assert "ValueError: bad batch shape" in blame.culprits[0]["reason"]
+    assert sorted(v["rank"] for v in blame.victims) == [0, 2, 3]
+
+
+def test_a_node_whose_aggregator_and_ranks_vanished_is_lost() -> None:
+    lines = """srun: error: n2: tasks 2-3: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=1.0
+srun: error: n1: tasks 0-1: Terminated""".splitlines()
+    facts = Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines), lost_nodes={"n2": 5.0})
+    blame = judge_end(facts)
+    assert blame.code == ExitCode.NODE_LOST
+    assert [(c["rank"], c["host"]) for c in blame.culprits] == [(2, "n2"), (3, "n2")]
+    assert sorted(v["rank"] for v in blame.victims) == [0, 1]
+
+
+def test_an_aggregator_gone_while_its_ranks_live_is_not_a_lost_node() -> None:
+    lines = ["srun: error: n1: task 0: Killed"]
+    facts = Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines), lost_nodes={"n2": 5.0})
+    blame = judge_end(facts)
+    assert blame.code == ExitCode.SCRIPT_FAILED and [c["rank"] for c in blame.culprits] == [0]
+
+
+def test_ranks_that_stopped_on_request_are_no_failure() -> None:
+    lines = ["srun: error: n1: tasks 0-1: Exited with exit code 85", "srun: error: n2: tasks 2-3: Exited with exit code 85"]
+    assert judge_end(Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines))) is None
