@@ -24,6 +24,7 @@ from typing import Any
 from clusterctl import envnames
 from clusterctl.cpulist import format_cpulist, parse_cpulist
 from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime import heartbeat, stacks
 from clusterctl.runtime.preflight import POST_RENDEZVOUS
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
@@ -156,6 +157,7 @@ def managed(argv: list[str]) -> int:
             print(f"clusterctl: {' and '.join(post)} check passed (attempt-{info.attempt}/checks.json)", flush=True)
     rendezvous.share_with_process_group(store, info.rank, info.world_size)
     rendezvous.CURRENT_STORE = store
+    watched(info, cuda=found["nccl"] is not None)
     try:
         run_command(argv)
     except SystemExit as exc:
@@ -170,7 +172,17 @@ def managed(argv: list[str]) -> int:
         sys.stderr.write(text)
         rendezvous.report_error(store, info.rank, text, script_failed=True)
         return 1
+    finally:
+        heartbeat.shared(info.rank, info.attempt).close()
     return 0
+
+
+def watched(info: Any, *, cuda: bool) -> None:
+    """Liveness beats to the node's aggregator, stacks on request, NCCL's flight recorder on GPUs."""
+    stacks.arm(info.attempt_dir, info.rank)
+    if cuda:
+        stacks.arm_flight_recorder(info.attempt_dir)
+    heartbeat.shared(info.rank, info.attempt)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -80,6 +80,11 @@ def controller_argv(python: str, standalone: bool) -> list[str]:
     return [] if standalone else [python, "-m", "clusterctl.runtime.controller"]
 
 
+def aggregator_argv(python: str, standalone: bool) -> list[str]:
+    """The node aggregators' command (none in standalone mode: no controller takes their batches)."""
+    return [] if standalone else [python, "-m", "clusterctl.runtime.aggregator"]
+
+
 def launcher_argv(plan: Plan, python: str, standalone: bool) -> list[str]:
     """What the wrapper execs: the user's command, through clusterctl.launch unless standalone."""
     command = list(plan.spec.command or [])
@@ -162,6 +167,8 @@ def render_run(
         "site_env": sorted(site.env.items()),
         "srun_extra": srun_extra,
         "controller_argv": controller_argv(python, standalone),
+        "aggregator_argv": aggregator_argv(python, standalone),
+        "srun_log": rundir.SRUN_LOG,
         "passthrough_codes": [int(c) for c in PASSTHROUGH],
         "fnv_offset": FNV_OFFSET,
         "fnv_prime": FNV_PRIME,

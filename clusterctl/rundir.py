@@ -10,8 +10,10 @@
       attempt-<N>/
         attempt.json           job id, attempt, token, master addr/port, nodes
         manifest.json          every rank's registration
-        timeline.jsonl         heartbeats as received
-        verdict.json           the controller's verdict
+        timeline.jsonl         phase changes, step times, deaths, GPU samples as received (see runtime/watchserver.py)
+        verdict.json           the controller's verdict: culprits, victims, evidence
+        srun.log               srun's own lines (task N: Killed, ...), the blame's evidence
+        stacks/rank-<R>.txt    Python stacks a rank dumped when a hang was called
         metrics.jsonl          the trainer's per-step records (loss, step time, tokens/s, validation)
         checks.json            comm/compute check results, when asked for
         logs/                  per-node logs (node-<slot>.log), lines prefixed by rank
@@ -43,6 +45,10 @@ MANIFEST = "manifest.json"
 TIMELINE = "timeline.jsonl"
 VERDICT = "verdict.json"
 LOGS = "logs"
+SRUN_LOG = "srun.log"
+STACKS = "stacks"
+NCCL_TRACE_PREFIX = "nccl-trace-rank"  # + rank: the NCCL flight recorder's dump (torch names it)
+NCCL_PIPE_PREFIX = "nccl-pipe-rank"  # + rank + .pipe: writing to it asks for that dump
 METRICS = "metrics.jsonl"  # per-step records of rank 0: step, loss, step time, tokens/s, validation
 
 
@@ -109,3 +115,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def stack_file(attempt_dir: Path, rank: int) -> Path:
+    return attempt_dir / STACKS / f"rank-{rank}.txt"

@@ -35,15 +35,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusterctl import envnames
+from clusterctl import envnames, rundir
 from clusterctl.runtime.gpusample import GpuSampler
 from clusterctl.runtime.heartbeat import socket_path
+from clusterctl.runtime.stacks import DUMP_SIGNAL
 
 INTERVAL_S = 1.0
 GPU_EVERY_S = 5.0
 CONNECT_TIMEOUT_S = 60.0
-DUMP_SIGNAL = signal.SIGURG  # ignored by default: harmless to a process that registered no handler
-NCCL_PIPE_PREFIX = "nccl-pipe-rank"
 
 
 def log(message: str) -> None:
@@ -255,7 +254,7 @@ class Aggregator:
             except OSError:
                 continue
             if self.attempt_dir is not None:
-                pipe = self.attempt_dir / f"{NCCL_PIPE_PREFIX}{rank}.pipe"
+                pipe = self.attempt_dir / f"{rundir.NCCL_PIPE_PREFIX}{rank}.pipe"
                 try:  # non-blocking: a pipe nobody reads (no NCCL here) must not stall the aggregator
                     fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
                 except OSError:

@@ -7,7 +7,7 @@ node's Unix socket; a send that fails (aggregator gone, buffer full) is
 dropped, never raised, and never blocks training.
 
 A message: {kind, rank, attempt, step, phase, step_s, compute_s, t, pid, gpu}
-where kind is `phase`, `step`, `alive` or `closed` (the loop is done). A SIGSTOPped
+where kind is `hello` (first), `phase`, `step`, `alive` or `closed` (the loop is done). A SIGSTOPped
 or dead process stops both kinds; a rank blocked in a collective keeps its
 liveness beat but stops changing phase — which is how the watchdog tells a
 hang's culprit from its victims.
@@ -69,6 +69,7 @@ class Heartbeat:
             self._sock.setblocking(False)
             self._thread = threading.Thread(target=self._beat, args=(liveness_s,), name="clusterctl-heartbeat", daemon=True)
             self._thread.start()
+            self._send("hello")  # the aggregator learns this process at once (not progress: no phase yet)
 
     @property
     def enabled(self) -> bool:
@@ -123,3 +124,14 @@ class Heartbeat:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+_SHARED: Heartbeat | None = None
+
+
+def shared(rank: int, attempt: int = 0) -> Heartbeat:
+    """This process's one heartbeat: the launcher starts it for every rank, the Contract reuses it."""
+    global _SHARED
+    if _SHARED is None or _SHARED._sock is None or _SHARED.rank != rank:
+        _SHARED = Heartbeat(rank, attempt)
+    return _SHARED

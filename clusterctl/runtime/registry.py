@@ -8,6 +8,7 @@ tested without processes.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,8 +51,10 @@ class Verdict:
     ok: bool
     code: int
     message: str
-    culprits: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "host", "reason"}
+    culprits: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "host", "gpu", "reason"}, primary first
     evidence: dict[str, Any] = field(default_factory=dict)
+    victims: list[dict[str, Any]] = field(default_factory=list)  # ranks that failed because a culprit did
+    time: float = field(default_factory=time.time)  # when the verdict was given
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -60,7 +63,9 @@ class Verdict:
             "verdict": ExitCode(self.code).name.lower() if self.code in ExitCode._value2member_map_ else str(self.code),
             "message": self.message,
             "culprits": self.culprits,
+            "victims": self.victims,
             "evidence": self.evidence,
+            "time": self.time,
         }
 
 

@@ -111,7 +111,7 @@ class Watchdog:
             state.pid = int(msg["pid"])
         if msg.get("gpu") is not None:
             state.gpu = msg["gpu"]
-        kind = msg.get("kind")
+        kind = msg.get("kind")  # hello (pid only), alive, phase, step, closed
         if kind == "closed":
             state.closed = True
         if kind not in PROGRESS_KINDS:

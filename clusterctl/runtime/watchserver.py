@@ -7,7 +7,8 @@ once armed (the rendezvous passed), asks the watchdog for a verdict a few
 times a second. A verdict is handed to the controller's callback once.
 
 timeline.jsonl, one JSON object per line, `t` the controller's receive time:
-  {"t", "kind": "phase"|"step", "rank", "node", "step", "phase", "step_s", "compute_s"}
+  {"t", "kind": "phase", "rank", "node", "step", "phase"}     a rank entered a phase
+  {"t", "kind": "step", "rank", "node", "step", "phase", "step_s", "compute_s"}  a rank finished a step
   {"t", "kind": "gone", "rank", "node", "pid"}         the rank's process ended
   {"t", "kind": "gpu", "node", "gpus": {index: facts}} an NVML sample
   {"t", "kind": "node_lost", "node"}                   its aggregator vanished
@@ -24,10 +25,23 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from clusterctl import rundir
+from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import write_json_atomic
+from clusterctl.runtime import registry
 from clusterctl.runtime.watchdog import Finding, Watchdog
 
 CHECK_EVERY_S = 0.25
 MAX_LINE = 1 << 24
+DUMP_WAIT_S = 3.0  # how long the survivors get to write their stacks before they are stopped
+SETTLE_S = 2.0  # how long the end-of-attempt judgement waits for the aggregators' last words
+
+
+def _written(attempt_dir: Path, rank: int) -> bool:
+    try:
+        return rundir.stack_file(attempt_dir, rank).stat().st_size > 0
+    except OSError:
+        return False
 
 
 class WatchServer:
@@ -98,6 +112,41 @@ class WatchServer:
                     return False
                 self.changed.wait(left)
         return True
+
+    # --- acting on a verdict, judging the end ----------------------------------------
+    def respond(self, finding: Finding, attempt_dir: Path) -> registry.Verdict:
+        """Write the verdict; on a hang, collect the survivors' stacks first; then stop every rank."""
+        verdict = registry.Verdict(
+            False, finding.code, finding.message, finding.culprits, finding.evidence, finding.victims
+        )
+        write_json_atomic(attempt_dir / rundir.VERDICT, verdict.as_dict())
+        self.log(finding.message)
+        if finding.code == ExitCode.HANG:
+            self.send_all("dump")
+            waiting = [v["rank"] for v in finding.victims]
+            deadline = time.monotonic() + DUMP_WAIT_S
+            while time.monotonic() < deadline and not all(_written(attempt_dir, r) for r in waiting):
+                time.sleep(0.1)
+            stacks = {str(r): str(rundir.stack_file(attempt_dir, r).relative_to(attempt_dir)) for r in waiting if _written(attempt_dir, r)}
+            traces = sorted(p.name for p in attempt_dir.glob(f"{rundir.NCCL_TRACE_PREFIX}*"))
+            verdict.evidence["stacks"] = stacks
+            if traces:
+                verdict.evidence["nccl_flight_recorder"] = traces
+            write_json_atomic(attempt_dir / rundir.VERDICT, verdict.as_dict())
+        self.send_all("kill")
+        return verdict
+
+    def settle(self, ranks: list[int], timeout: float = SETTLE_S) -> tuple[dict[int, float], dict[str, float]]:
+        """Wait until the aggregators saw `ranks` end (or the timeout); when each ended, and the lost nodes."""
+        states = self.watchdog.ranks
+
+        def accounted() -> bool:
+            return all(states[r].process == "gone" or states[r].pid is None or states[r].node in self.lost_nodes for r in ranks)
+
+        self.wait_until(accounted, timeout)
+        with self.lock:
+            deaths = {r.rank: r.gone_at for r in states if r.gone_at is not None}
+            return deaths, dict(self.lost_nodes)
 
     def close(self) -> None:
         with self.lock:
@@ -189,18 +238,11 @@ class WatchServer:
                     continue
                 self.watchdog.observe(beat, now)
                 if beat.get("kind") in ("phase", "step"):
-                    self._write(
-                        {
-                            "t": now,
-                            "kind": beat["kind"],
-                            "rank": beat.get("rank"),
-                            "node": node,
-                            "step": beat.get("step"),
-                            "phase": beat.get("phase"),
-                            "step_s": beat.get("step_s"),
-                            "compute_s": beat.get("compute_s"),
-                        }
-                    )
+                    record = {"t": now, "kind": beat["kind"], "rank": beat.get("rank"), "node": node}
+                    record.update(step=beat.get("step"), phase=beat.get("phase"))
+                    if beat["kind"] == "step":
+                        record.update(step_s=beat.get("step_s"), compute_s=beat.get("compute_s"))
+                    self._write(record)
             for rank, status in (msg.get("procs") or {}).items():
                 if str(rank).isdigit():
                     self.watchdog.observe_process(int(rank), status, now)

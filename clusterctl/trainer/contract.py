@@ -34,7 +34,7 @@ import torch.distributed as dist
 from clusterctl import envnames, rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.runtime import registry
-from clusterctl.runtime.heartbeat import Heartbeat
+from clusterctl.runtime import heartbeat as heartbeats
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -92,7 +92,7 @@ class Contract:
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.heartbeat = Heartbeat(self.rank, int(os.environ.get(envnames.ATTEMPT, "0") or 0))
+        self.heartbeat = heartbeats.shared(self.rank, int(os.environ.get(envnames.ATTEMPT, "0") or 0))
         self.checkpointer = Checkpointer(
             self.directory,
             keep=keep or ckpt.get("keep", 2),
