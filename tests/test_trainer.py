@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -19,13 +21,13 @@ from clusterctl.runtime.heartbeat import Heartbeat
 from clusterctl.trainer.sampler import DistributedSampler
 
 
-def run_ranks(work: Path, *args: str, world: int = 2) -> list[str]:
+def run_ranks(work: Path, *args: str, world: int = 2, env_extra: dict[str, str] | None = None) -> list[str]:
     port = free_port()
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERCTL_")}
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", **(env_extra or {}))
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "clusterctl.trainer", "--out-dir", str(work), "--checkpoint-dir", str(work / "ckpt"),
              "--seq-len", "16", "--hidden", "32", "--ffn", "64", "--micro", "2", *args],
@@ -57,6 +59,56 @@ def test_mlp_reaches_its_target(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "trainer-summary.json").read_text())
     assert summary["target_reached"] is not None, out
     assert summary["target_reached"]["val_loss"] <= 0.05
+
+
+def test_step_compute_busy_work_counts_as_compute_and_evaluation_reports_its_phase(tmp_path: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "agg.sock")
+        agg = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        agg.bind(path)
+        agg.settimeout(0.2)
+        messages: list[dict] = []
+        done = threading.Event()
+
+        def drain() -> None:  # the receive queue holds only a few datagrams: read while the ranks run
+            while not done.is_set():
+                try:
+                    messages.append(json.loads(agg.recv(65536)))
+                except socket.timeout:
+                    pass
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        try:
+            out = run_ranks(tmp_path, "--model", "mlp", "--steps", "6", "--eval-interval", "3", "--eval-samples", "8",
+                            "--step-compute-s", "0.2", env_extra={"CLUSTERCTL_HEARTBEAT_SOCKET": path})
+        finally:
+            done.set()
+            reader.join()
+            agg.close()
+    assert "step_compute_s 0.2:" in out[0] and "units/s" in out[0]
+    summary = json.loads((tmp_path / "trainer-summary.json").read_text())
+    assert summary["step_compute_s"] == 0.2 and summary["busy_units_per_s"] > 0
+    assert summary["busy_units_per_step"] == round(0.2 * summary["busy_units_per_s"])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(6))
+    # The busy work is inside compute_s every step (without it a step computes for a few milliseconds), and
+    # it is sized for 0.2 s. Its wall time is only about that: the work per step is fixed, the CPU share
+    # is not, and with other processes busy on a 2-core machine the ranks' short bursts get more CPU than
+    # the sustained calibration did, so steps have averaged 0.12-0.2 s, single ones 0.04-0.4 s.
+    computed = [r["compute_s"] for r in records] + [m["compute_s"] for m in messages if m["kind"] == "step"]
+    assert min(computed) >= 0.02 and statistics.mean(computed) >= 0.08, computed
+    # Evaluation reports its own phase, between the step's collective and its idle. The datagrams are
+    # lossy by design (a full receive queue drops them), so each evaluation must be seen from one rank.
+    phases = [(m["rank"], m["step"], m["phase"]) for m in messages if m["kind"] == "phase"]
+    assert {step for _, step, phase in phases if phase == "eval"} == {2, 5}, phases
+    for rank in (0, 1):
+        mine = [(step, phase) for r, step, phase in phases if r == rank]
+        for at, (step, phase) in enumerate(mine):
+            if phase == "eval":
+                before = mine[at - 1]
+                assert before[0] == step and before[1] in ("forward", "backward", "optimizer", "collective"), mine
+                assert at + 1 == len(mine) or mine[at + 1] == (step, "idle") or mine[at + 1][0] > step, mine
 
 
 def test_refuses_tensor_parallel_it_does_not_implement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,6 +148,8 @@ def test_heartbeats_reach_the_aggregator_socket_and_cost_nothing_without_one() -
         beat = Heartbeat(rank=3, attempt=2, socket_path=path, liveness_s=0.1)
         beat.phase("forward", 7)
         beat.step_done(7, 0.5, 0.4)
+        hello = json.loads(agg.recv(65536))  # sent on construction, before any phase
+        assert hello["kind"] == "hello" and hello["rank"] == 3 and hello["phase"] == "start"
         kinds = []
         deadline = time.monotonic() + 5
         while len(kinds) < 4 and time.monotonic() < deadline:

@@ -19,12 +19,14 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames, rundir
+from clusterctl.trainer import busy
 from clusterctl.trainer.contract import Contract
 from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression
 from clusterctl.trainer.models import MLP, TinyGPT
 from clusterctl.trainer.sampler import DistributedSampler
 
 DATASET_SIZE = 1 << 20
+BUSY_CALIBRATION_S = 0.4
 
 
 @dataclass
@@ -49,6 +51,7 @@ class TrainConfig:
     out_dir: str | None = None  # where metrics go outside clusterctl
     checkpoint_dir: str | None = None  # default: the job's checkpoint.dir, or <run>/checkpoints
     checkpoint_interval: int | None = None  # default: the job's checkpoint.interval
+    step_compute_s: float = 0.0  # extra busy compute per step (seconds of wall time, calibrated at start-up)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -119,6 +122,27 @@ def evaluate(model: torch.nn.Module, data: Any, config: TrainConfig, rank: int, 
     return float(total[0] / total[1])
 
 
+def calibrate_busy(seconds: float, device: torch.device, world: int) -> float:
+    """Busy-compute units per wall second, the same on every rank (collective; every rank calls it).
+
+    All ranks calibrate at once, right after a barrier, so each measures the CPU
+    share it really has while its peers run too (ranks may share cores). Every
+    rank then uses the MEAN of the ranks' rates, so all do the same number of
+    units per step and a rank slowed later shows up as slower. The mean, not the
+    MIN: each rank measures the same thing (the same unit on an equal share), so
+    their differences are scheduling noise, which the mean averages out while the
+    MIN turns it into bias — the unluckiest of N rates decides, further below the
+    typical rate the more ranks there are, and one rank disturbed while
+    calibrating (stopped, or briefly crowded out) would cut every rank's busy
+    part by its factor instead of by 1/N of it. Either way the ratio between
+    ranks, which the straggler detector compares, is unchanged.
+    """
+    dist.barrier()
+    rate = torch.tensor([busy.calibrate(seconds)], dtype=torch.float64, device=device)
+    dist.all_reduce(rate, op=dist.ReduceOp.SUM)
+    return float(rate.item()) / world
+
+
 def check_layout() -> None:
     """The reference trainer is data parallel only: refuse a plan that asks for more."""
     from clusterctl.trainer.contract import run_settings
@@ -136,6 +160,8 @@ def check_layout() -> None:
 def train(config: TrainConfig) -> dict[str, Any]:
     check_layout()
     rank, world, device = setup()
+    busy_rate = calibrate_busy(BUSY_CALIBRATION_S, device, world) if config.step_compute_s > 0 else 0.0
+    busy_units = round(config.step_compute_s * busy_rate)
     model, data = build(config, device)
     model = wrap(model, config, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
@@ -154,6 +180,12 @@ def train(config: TrainConfig) -> dict[str, Any]:
     hb = contract.heartbeat
     if rank == 0:
         print(f"training {config.model} ({config.parallel}) on {world} ranks from step {start} to {config.steps}", flush=True)
+        if config.step_compute_s > 0:
+            print(
+                f"step_compute_s {config.step_compute_s}: {busy_units} busy units per step"
+                f" (calibrated {busy_rate:.1f} units/s, the mean over ranks)",
+                flush=True,
+            )
     for step in range(start, config.steps):
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -172,6 +204,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 with model.no_sync():
                     loss.backward()
             step_loss += loss.detach().double()
+        if busy_units:
+            # After the last backward, whose gradient all-reduce has returned: a peer
+            # waiting for a slow rank waits in the loss all-reduce below (outside
+            # compute_s), not inside the next backward.
+            busy.spin(busy_units)
         compute_s = time.perf_counter() - t0
         hb.phase("optimizer", step)
         optimizer.step()
@@ -193,6 +230,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             "tokens_per_s": round(config.micro * config.grad_accum * world * tokens_per_sample / step_s, 1),
         }
         if config.eval_interval and (step + 1) % config.eval_interval == 0:
+            hb.phase("eval", step)
             record["val_loss"] = evaluate(model, data, config, rank, world, device)
             if reached is None and config.target_loss is not None and record["val_loss"] <= config.target_loss:
                 reached = {"step": step, "seconds": round(time.time() - began, 3), "val_loss": record["val_loss"]}
@@ -206,6 +244,10 @@ def train(config: TrainConfig) -> dict[str, Any]:
         contract.after_step(step)
     contract.close()
     summary = summarize(step_times, config, world, tokens_per_sample, reached)
+    if config.step_compute_s > 0:
+        summary["step_compute_s"] = config.step_compute_s
+        summary["busy_units_per_s"] = round(busy_rate, 1)
+        summary["busy_units_per_step"] = busy_units
     if rank == 0:
         print("clusterctl trainer: " + json.dumps(summary), flush=True)
         (where / "trainer-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
