@@ -29,12 +29,20 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import write_json_atomic
 from clusterctl.runtime import registry
+from clusterctl.runtime.blame import Blame, Facts, TaskEnd, judge_end, parse_srun_lines
 from clusterctl.runtime.watchdog import Finding, Watchdog
 
 CHECK_EVERY_S = 0.25
 MAX_LINE = 1 << 24
 DUMP_WAIT_S = 3.0  # how long the survivors get to write their stacks before they are stopped
 SETTLE_S = 2.0  # how long the end-of-attempt judgement waits for the aggregators' last words
+
+
+def _task_ends(srun_log: Path) -> list[TaskEnd]:
+    try:
+        return parse_srun_lines(srun_log.read_text(errors="replace").splitlines())
+    except OSError:
+        return []
 
 
 def _written(attempt_dir: Path, rank: int) -> bool:
@@ -136,17 +144,23 @@ class WatchServer:
         self.send_all("kill")
         return verdict
 
-    def settle(self, ranks: list[int], timeout: float = SETTLE_S) -> tuple[dict[int, float], dict[str, float]]:
-        """Wait until the aggregators saw `ranks` end (or the timeout); when each ended, and the lost nodes."""
+    def judge_end(self, errors: dict[int, str], srun_log: Path, gpus: dict[int, Any]) -> Blame | None:
+        """The attempt ended: culprits apart from victims, from srun's task lines, the ranks' errors,
+        and what the aggregators saw (when each process ended, which nodes vanished)."""
+        if not errors and not self.lost_nodes and not any(e.signalled or e.exit_code for e in _task_ends(srun_log)):
+            return None  # every rank ended well (or on request): nothing to judge
         states = self.watchdog.ranks
 
-        def accounted() -> bool:
-            return all(states[r].process == "gone" or states[r].pid is None or states[r].node in self.lost_nodes for r in ranks)
+        def accounted() -> bool:  # each rank's end seen, or never to be seen
+            return all(r.process == "gone" or r.pid is None or r.node in self.lost_nodes for r in states)
 
-        self.wait_until(accounted, timeout)
+        self.wait_until(accounted, SETTLE_S)
         with self.lock:
             deaths = {r.rank: r.gone_at for r in states if r.gone_at is not None}
-            return deaths, dict(self.lost_nodes)
+            lost = dict(self.lost_nodes)
+        wd = self.watchdog
+        facts = Facts(wd.world, wd.hosts, wd.gpn, gpus, errors, _task_ends(srun_log), deaths, lost)
+        return judge_end(facts)
 
     def close(self) -> None:
         with self.lock:
