@@ -36,9 +36,10 @@ HOPELESS_REASONS = frozenset(
 @dataclass(frozen=True)
 class Submitted:
     run: RunDir
-    job_id: str | None
+    job_id: str | None  # the scheduler's id: SLURM_JOB_ID inside the job, slurm-<id>.out
     backend: str
     warnings: tuple[str, ...] = ()
+    display_id: str | None = None  # the job as the user sees it (`local-N` on the local backend), as in state.json
 
 
 def default_backend(job: Job) -> str:
@@ -63,8 +64,9 @@ def submit_job(job: Job, backend_name: str | None = None, *, dry_run: bool = Fal
     except BaseException as exc:
         run.write_state(state="failed", backend=name, reason=f"{type(exc).__name__}: {exc}")
         raise
-    run.write_state(state="submitted", backend=name, job_id=submission.job_id)
-    return Submitted(run, submission.job_id, name, tuple(_first_look(backend, submission.job_id)))
+    shown = backend.display_id(submission.job_id)
+    run.write_state(state="submitted", backend=name, job_id=shown)
+    return Submitted(run, submission.job_id, name, tuple(_first_look(backend, submission.job_id)), shown)
 
 
 def _first_look(backend: Backend, job_id: str) -> list[str]:
@@ -75,7 +77,7 @@ def _first_look(backend: Backend, job_id: str) -> list[str]:
         return []
     if info is not None and info.state == "PENDING" and info.reason in HOPELESS_REASONS:
         return [
-            f"job {job_id} is pending with reason {info.reason}: Slurm will not start it as asked"
+            f"job {backend.display_id(job_id)} is pending with reason {info.reason}: Slurm will not start it as asked"
             f" (cancel it with scancel {job_id} and change the spec)"
         ]
     return []

@@ -72,7 +72,7 @@ def follow(backend: Backend, job_id: str, run: RunDir, show: Callable[[str], Non
     end = last_line(run.path / rundir.ATTEMPTS)
     if end and end.get("event") == "end":
         code = int(end.get("exit", code or 0))
-    summary = f"job {job_id} {info.state if info else 'gone'} with exit code {code}"
+    summary = f"job {backend.display_id(job_id)} {info.state if info else 'gone'} with exit code {code}"
     if verdict and not verdict.get("ok", True):
         summary += f": {verdict['message']}"
     return Outcome(info, code, verdict, summary)

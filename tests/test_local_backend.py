@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,10 +32,12 @@ from clusterctl.backends.base import JobInfo
 from clusterctl.backends.local import LocalBackend
 from clusterctl.backends.localslurm import BIN_DIR
 from clusterctl.binding import binding_table, rank_env
+from clusterctl.errors import ClusterctlError
 from clusterctl.job import Job, load_job
 from clusterctl.rundir import RunDir
 from clusterctl.runfiles import create_run
 from clusterctl.submit import submit_job
+from helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -184,9 +187,37 @@ def test_quickstart_ranks_get_the_plan(local: Path) -> None:
 
     start, end = events(run)
     assert start["event"] == "start" and start["attempt"] == 1 and start["job_id"] == submitted.job_id
+    assert submitted.display_id == f"local-{submitted.job_id}" == run.read_state()["job_id"]
     assert start["master"] == f"127.0.0.1:{record['master_port']}"
     assert end["event"] == "end" and end["exit"] == 0 and end["srun_exit"] == 0
     assert f"attempt 1 of job {submitted.job_id}: 4 ranks on node1..node2" in batch_log(run, submitted.job_id)
+
+
+def test_local_job_ids_are_shown_as_local_n_and_both_forms_are_taken(local: Path) -> None:
+    """`local-N` wherever clusterctl shows a local job, so that it is never mistaken for Slurm's job N."""
+    result = cli("submit", QUICKSTART, "--set", f"command=[python3,{local / 'rank.py'},report]",
+                 "--set", f"runs_root={local / 'runs'}", "--wait")
+    assert result.exit_code == 0, result.output
+    shown = re.search(r"^submitted job (\S+) \(local\): 4 ranks on 2 nodes$", result.stdout, re.M)
+    assert shown is not None, result.stdout
+    job_id = shown.group(1)
+    assert re.fullmatch(r"local-[0-9]+", job_id), job_id
+    number = job_id.removeprefix("local-")
+    assert f"job {job_id} COMPLETED with exit code 0" in result.stdout
+    (run_path,) = (local / "runs").iterdir()
+    run = RunDir(run_path)
+    assert run.read_state()["job_id"] == job_id and run.read_state()["backend"] == "local"
+    logs = result.stdout.replace("\n", "")  # the `logs:` line names the batch log by Slurm's kind of id
+    assert f"{run.path}/slurm-{number}.out" in logs and run.file(f"slurm-{number}.out").exists()
+    # Inside the job the id is Slurm's kind: a number (SLURM_JOB_ID, the port hash, attempt.json).
+    assert json.loads((run.attempt(1) / "attempt.json").read_text())["job_id"] == number
+    backend = LocalBackend()
+    assert backend.display_id(number) == backend.display_id(job_id) == job_id
+    assert backend.info(job_id) == backend.info(number) and backend.info(job_id).state == "COMPLETED"
+    assert backend.info("slurm-3") is None and backend.info("local-") is None
+    backend.cancel(job_id)  # a finished job: nothing to do, as scancel
+    with pytest.raises(ClusterctlError, match="'12x' is not a local job id"):
+        backend.cancel("12x")
 
 
 def test_a_failing_rank_ends_the_job_with_84_and_the_others_are_killed(local: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Submission:
-    job_id: str
+    job_id: str  # the scheduler's own id: SLURM_JOB_ID inside the job, %j in file names
     backend: str
 
 
@@ -44,3 +44,12 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, job_id: str) -> None:
         """Cancel the job (all its steps)."""
+
+    def display_id(self, job_id: str) -> str:
+        """The job's id as messages, state.json and the user show it; info() and cancel() take it too.
+
+        Slurm's own id here. A backend whose ids count like Slurm's but name
+        other jobs (the local one) gives them a form of their own, so that
+        "job 2" never means two different jobs.
+        """
+        return job_id

@@ -10,6 +10,10 @@ what differs from real Slurm.
 
 Job records live in $CLUSTERCTL_LOCAL_STATE (default
 ~/.local/state/clusterctl/local); job ids count up from 1 per state directory.
+Inside the job, and to the shims, a job's id is that number, as Slurm's
+would be (SLURM_JOB_ID, %j, the master port's hash); everywhere clusterctl
+shows it, it is `local-N`, so that local job 2 is never mistaken for Slurm's
+job 2. info() and cancel() take either form.
 """
 
 from __future__ import annotations
@@ -26,6 +30,21 @@ from clusterctl.backends.localslurm.records import JobRecord, SubmitError, state
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.hostlist import compress
+
+
+ID_PREFIX = "local-"
+
+
+def display_id(job_id: int | str) -> str:
+    """`local-N` for the emulated Slurm's job N (either form given)."""
+    number = native_id(str(job_id))
+    return f"{ID_PREFIX}{number}" if number is not None else str(job_id)
+
+
+def native_id(job_id: str) -> str | None:
+    """The emulated Slurm's job number from `N` or `local-N`; None for anything else."""
+    text = job_id.strip().removeprefix(ID_PREFIX)
+    return str(int(text)) if text.isascii() and text.isdigit() else None
 
 
 class LocalBackend(Backend):
@@ -68,10 +87,14 @@ class LocalBackend(Backend):
             raise ClusterctlError(f"the local backend rejected the job: {exc}", ExitCode.BAD_CONFIG) from None
         return Submission(job_id=str(job_id), backend=self.name)
 
+    def display_id(self, job_id: str) -> str:
+        return display_id(job_id)
+
     def info(self, job_id: str) -> JobInfo | None:
-        if not str(job_id).isdigit():
+        number = native_id(str(job_id))
+        if number is None:
             return None
-        record = JobRecord(self.root, job_id)
+        record = JobRecord(self.root, number)
         if not record.exists():
             return None
         try:
@@ -87,7 +110,12 @@ class LocalBackend(Backend):
         )
 
     def cancel(self, job_id: str) -> None:
+        number = native_id(str(job_id))
+        if number is None:
+            raise ClusterctlError(
+                f"{job_id!r} is not a local job id (local jobs are {ID_PREFIX}N)", ExitCode.USAGE
+            )
         try:
-            cancel_job(self.root, job_id)
+            cancel_job(self.root, number)
         except ControlError as exc:
-            raise ClusterctlError(f"cannot cancel local job {job_id}: {exc}", ExitCode.USAGE) from None
+            raise ClusterctlError(f"cannot cancel job {display_id(number)}: {exc}", ExitCode.USAGE) from None

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"dry run: nothing submitted; run directory {done.run.path}")
             console.print(f"the batch script is {done.run.sbatch}")
             return
-        console.print(f"submitted job {done.job_id} ({done.backend}): {job.plan.world_size} ranks on {job.plan.nodes} nodes")
+        console.print(f"submitted job {done.display_id} ({done.backend}): {job.plan.world_size} ranks on {job.plan.nodes} nodes")
         console.print(f"run directory: {done.run.path}")
         console.print(f"logs: {done.run.path}/slurm-{done.job_id}.out and {done.run.path}/{rundir.ATTEMPT_PREFIX}N/{rundir.LOGS}/")
         for warning in done.warnings:
