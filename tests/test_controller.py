@@ -45,9 +45,18 @@ def make_run(tmp_path: Path, timeout_s: float = 20) -> Path:
     return attempt
 
 
+def next_attempt(run_dir: Path, n: int) -> Path:
+    """attempt-N of a run that make_run created."""
+    attempt = run_dir / f"attempt-{n}"
+    (attempt / "logs").mkdir(parents=True)
+    (attempt / "hosts").write_text("\n".join(HOSTS) + "\n")
+    return attempt
+
+
 class Controller:
-    def __init__(self, attempt: Path) -> None:
-        env = dict(os.environ, CLUSTERCTL_TOKEN=TOKEN, CLUSTERCTL_ATTEMPT="1", SLURMD_NODENAME="n1")
+    def __init__(self, attempt: Path, token: str = TOKEN) -> None:
+        number = attempt.name.removeprefix("attempt-")
+        env = dict(os.environ, CLUSTERCTL_TOKEN=token, CLUSTERCTL_ATTEMPT=number, SLURMD_NODENAME="n1")
         port = 20000 + os.getpid() % 9000
         self.attempt = attempt
         self.proc = subprocess.Popen(
@@ -222,6 +231,39 @@ def test_a_stop_signal_during_the_rendezvous_ends_it_at_once(tmp_path: Path) -> 
     assert time.monotonic() - started < 15, out
     assert code == ExitCode.RENDEZVOUS_FAILED
     assert "3 of 4 ranks never arrived: rank 1 on n1; ranks 2-3 on n2" in out, out
+
+
+def test_an_attempts_marker_lives_as_long_as_its_controller_and_stale_ones_go(tmp_path: Path) -> None:
+    """One marker per live attempt in the checkpoint directory, none once the job ended.
+
+    Attempt 1 ends normally; attempt 2's controller is killed with the job
+    (SIGKILL), leaving its marker; attempt 3 removes that one when it writes
+    its own. Another run's marker in the same directory is never touched.
+    """
+    run_dir = make_run(tmp_path, timeout_s=60).parent
+    ckpt = run_dir / "checkpoints"
+    ckpt.mkdir()
+    (ckpt / ".clusterctl-shared-another-run").write_text("another-run")
+
+    def markers() -> list[str]:
+        return sorted(p.name for p in ckpt.iterdir() if p.name.startswith(".clusterctl-shared-"))
+
+    first = Controller(run_dir / "attempt-1", token="tok-1")
+    assert markers() == [".clusterctl-shared-another-run", ".clusterctl-shared-tok-1"]
+    code, out = first.stop()
+    assert code == ExitCode.RENDEZVOUS_FAILED, out
+    assert markers() == [".clusterctl-shared-another-run"]
+
+    second = Controller(next_attempt(run_dir, 2), token="tok-2")
+    second.proc.kill()
+    second.proc.communicate(timeout=30)
+    assert markers() == [".clusterctl-shared-another-run", ".clusterctl-shared-tok-2"]
+
+    third = Controller(next_attempt(run_dir, 3), token="tok-3")
+    assert markers() == [".clusterctl-shared-another-run", ".clusterctl-shared-tok-3"]
+    code, out = third.stop()
+    assert code == ExitCode.RENDEZVOUS_FAILED, out
+    assert markers() == [".clusterctl-shared-another-run"]
 
 
 def test_the_store_port_listens_before_the_store_starts() -> None:

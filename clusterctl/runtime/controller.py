@@ -8,6 +8,15 @@ through the store. It then keeps hosting the store — the ranks' process
 group uses it — until the batch script says the ranks are done (SIGTERM),
 and exits with the attempt's verdict code.
 
+With the shared_fs check it writes the attempt's marker in the checkpoint
+directory before any rank starts, and removes it when it exits (the ranks
+read it only in their preflight). Markers that earlier attempts of the same
+run left behind (a controller killed with the job) are removed when the next
+attempt writes its own: exactly the paths their controller.json recorded, so
+another run sharing the directory never loses its marker. Attempts of one
+run never overlap (a restart, a requeue and a continuation each start after
+the previous step or job ended), so an earlier attempt's marker has no reader.
+
     python -m clusterctl.runtime.controller --attempt-dir DIR --port PORT
 """
 
@@ -31,7 +40,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.rundir import write_json_atomic
 from clusterctl.runtime import registry
-from clusterctl.runtime.preflight import write_shared_marker
+from clusterctl.runtime.preflight import MARKER_PREFIX, write_shared_marker
 
 READY = "controller.json"
 POLL_S = 0.02
@@ -120,27 +129,59 @@ class Controller:
         self.done = threading.Event()
         self.store = None
         self.stop_requested = False
+        self.marker: str | None = None
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
         family = self.run["rendezvous"].get("address_family", "ipv4")
         listener, port = reserve_port(self.first_port, self.port_range, family)
         checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
-        marker = None
         if "shared_fs" in self.run.get("preflight", {}).get("checks", []):
             try:
-                marker = write_shared_marker(checkpoint_dir, self.token)
+                self.marker = write_shared_marker(checkpoint_dir, self.token, self.earlier_markers(checkpoint_dir))
             except OSError as exc:
                 log(f"cannot write the shared-filesystem marker in {checkpoint_dir}: {exc}")
         write_json_atomic(
             self.attempt_dir / READY,
-            {"port": port, "pid": os.getpid(), "host": os.environ.get("SLURMD_NODENAME", ""), "marker": marker},
+            {"port": port, "pid": os.getpid(), "host": os.environ.get("SLURMD_NODENAME", ""), "marker": self.marker},
         )
         self.store = host_store(listener, self.world, self.timeout_s)
         if self.stop_requested:  # the signal came while the store was starting
             self.request_stop()
         log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
         return port
+
+    def earlier_markers(self, checkpoint_dir: str) -> list[str]:
+        """Tokens of the markers that this run's earlier attempts wrote in `checkpoint_dir`."""
+        prefix = rundir.ATTEMPT_PREFIX
+        mine = self.attempt_dir.name.removeprefix(prefix)
+        if not mine.isdigit():
+            return []
+        tokens = []
+        for entry in self.run_dir.glob(f"{prefix}*"):
+            number = entry.name.removeprefix(prefix)
+            if not number.isdigit() or int(number) >= int(mine):
+                continue
+            try:
+                marker = json.loads((entry / READY).read_text()).get("marker")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if not isinstance(marker, str):
+                continue
+            folder, name = os.path.split(marker)
+            if name.startswith(MARKER_PREFIX) and os.path.realpath(folder) == os.path.realpath(checkpoint_dir):
+                tokens.append(name.removeprefix(MARKER_PREFIX))
+        return tokens
+
+    def remove_marker(self) -> None:
+        """The attempt is over: its ranks are done with the marker."""
+        if self.marker is not None:
+            try:
+                os.unlink(self.marker)
+            except OSError as exc:
+                if not isinstance(exc, FileNotFoundError):
+                    log(f"cannot remove the shared-filesystem marker {self.marker}: {exc}")
+            self.marker = None
 
     # --- rendezvous --------------------------------------------------------------
     def wait_for_ranks(self) -> int:
@@ -295,12 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: controller.done.set())
     signal.signal(signal.SIGUSR2, lambda *_: controller.request_stop())
     try:
-        controller.start()
-    except Exception as exc:  # noqa: BLE001 - reported to the batch log, then a verdict code
-        log(f"cannot host the rendezvous store: {exc}")
-        return int(ExitCode.RENDEZVOUS_FAILED)
-    verdict = controller.rendezvous()
-    return controller.finish(verdict)
+        try:
+            controller.start()
+        except Exception as exc:  # noqa: BLE001 - reported to the batch log, then a verdict code
+            log(f"cannot host the rendezvous store: {exc}")
+            return int(ExitCode.RENDEZVOUS_FAILED)
+        verdict = controller.rendezvous()
+        return controller.finish(verdict)
+    finally:
+        controller.remove_marker()
 
 
 if __name__ == "__main__":

@@ -110,14 +110,19 @@ def failed(results: Sequence[CheckResult]) -> list[CheckResult]:
     return [r for r in results if not r.ok]
 
 
-def write_shared_marker(directory: str, token: str) -> str:
+def write_shared_marker(directory: str, token: str, replaces: Sequence[str] = ()) -> str:
     """Write `<directory>/.clusterctl-shared-<token>` holding the token; return its path.
 
     The first node writes it before ranks start; every other node then proves
     it sees the same directory. Written under a temporary name, fsynced and
     renamed (parent fsynced too), so no node ever reads a torn marker.
+
+    `replaces` names, by token, markers that earlier attempts of the same run
+    left in this directory: once the new marker is in place they are removed
+    (only `<directory>/.clusterctl-shared-<token>` for those tokens, never
+    anything matched by pattern: another run may share the directory).
     """
-    if not token or "/" in token or "\0" in token or token in (".", ".."):
+    if not _marker_token_ok(token):
         raise ValueError(f"attempt token {token!r} cannot be part of a file name")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, MARKER_PREFIX + token)
@@ -130,7 +135,17 @@ def write_shared_marker(directory: str, token: str) -> str:
         os.close(fd)
     os.replace(tmp, path)
     _fsync_dir(directory)
+    for old in set(replaces):
+        if old != token and _marker_token_ok(old):
+            try:
+                os.unlink(os.path.join(directory, MARKER_PREFIX + old))
+            except OSError:  # gone already, or not ours to remove: the new marker counts, not the old ones
+                pass
     return path
+
+
+def _marker_token_ok(token: str) -> bool:
+    return bool(token) and "/" not in token and "\0" not in token and token not in (".", "..")
 
 
 # --- gpu ---------------------------------------------------------------------
