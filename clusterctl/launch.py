@@ -165,12 +165,12 @@ def managed(argv: list[str]) -> int:
             return 0
         if exc.code == ExitCode.PRE_TIMEOUT:
             return int(ExitCode.PRE_TIMEOUT)  # saved and committed on request: not a failure
-        rendezvous.report_error(store, info.rank, f"SystemExit({exc.code!r})", script_failed=True)
+        rendezvous.report_error(store, info.rank, f"SystemExit({exc.code!r})")
         raise
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
-        rendezvous.report_error(store, info.rank, text, script_failed=True)
+        rendezvous.report_error(store, info.rank, text)
         return 1
     finally:
         heartbeat.shared(info.rank, info.attempt).close()

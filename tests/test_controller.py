@@ -110,7 +110,7 @@ def stand_in(ctl: Controller, rank: int, record: dict, results: dict, *, fail: s
     rendezvous.register(store, rank, record)
     results[(rank, record["pid"])] = rendezvous.await_verdict(store, 20)
     if fail:
-        rendezvous.report_error(store, rank, fail, script_failed=True)
+        rendezvous.report_error(store, rank, fail)
 
 
 def run_ranks(ctl: Controller, plans: list[tuple[int, dict, str | None]]) -> dict:
@@ -135,9 +135,12 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
     code, out = ctl.stop()
     assert code == ExitCode.SCRIPT_FAILED, out
     verdict = json.loads((ctl.attempt / "verdict.json").read_text())
-    assert verdict["culprits"] == [{"rank": 3, "host": "n2", "reason": "script failed"}]
+    assert verdict["culprits"] == [
+        {"rank": 3, "host": "n2", "gpu": None, "reason": "script failed: Traceback: boom on rank 3"}
+    ]
+    assert verdict["victims"] == []
     assert verdict["evidence"]["traceback"] == "Traceback: boom on rank 3"
-    assert "first: rank 3 on n2" in out
+    assert "rank 3 on n2 failed: script failed" in out
 
 
 def test_ranks_that_never_arrive_are_named_after_the_timeout(tmp_path: Path) -> None:

@@ -255,3 +255,17 @@ def test_an_aggregator_gone_while_its_ranks_live_is_not_a_lost_node() -> None:
 def test_ranks_that_stopped_on_request_are_no_failure() -> None:
     lines = ["srun: error: n1: tasks 0-1: Exited with exit code 85", "srun: error: n2: tasks 2-3: Exited with exit code 85"]
     assert judge_end(Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines))) is None
+
+
+def test_a_rank_silent_before_the_first_step_is_a_hang_after_the_configured_timeout() -> None:
+    wd = Watchdog(4, HOSTS, 2, Settings(hang_timeout=60))
+    for second in range(200):  # start-up: liveness only (loading data, calibrating); rank 1 stops at 10 s
+        for rank in range(4):
+            if rank != 1 or second < 10:
+                wd.observe({"kind": "alive", "rank": rank, "pid": 10 + rank}, second)
+        finding = wd.check(second + 0.5)
+        if finding is not None:
+            break
+    assert finding is not None and 69 <= second <= 71
+    assert [c["rank"] for c in finding.culprits] == [1] and "before any training step" in finding.culprits[0]["reason"]
+    assert sorted(v["rank"] for v in finding.victims) == [0, 2, 3]

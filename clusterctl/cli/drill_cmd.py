@@ -604,6 +604,47 @@ def _sigterm_interrupts() -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
+STEP_WAIT_S = 120.0
+
+
+def wait_for_training(attempt: Attempt, timeout: float, show: Callable[[str], None]) -> None:
+    """Until every rank finished a training step (timeline.jsonl), so the fault lands in training, not start-up.
+
+    A script that reports no steps (no heartbeat phases) is drilled after `timeout` all the same.
+    """
+    path = attempt.path / rundir.TIMELINE
+    if not path.exists():
+        return  # not watched (standalone scripts): nothing tells when training runs
+    world = len(attempt.ranks()) or 1
+    seen: set[int] = set()
+    offset = 0
+    deadline = time.monotonic() + timeout
+    next_note = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+        except OSError:
+            chunk = b""
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("kind") == "step" and isinstance(record.get("rank"), int):
+                seen.add(record["rank"])
+        if len(seen) >= world:
+            return
+        if time.monotonic() >= next_note:
+            show(f"waiting for every rank's first training step ({len(seen)} of {world} so far)")
+            next_note = time.monotonic() + 5
+        time.sleep(0.5)
+    show(f"no training step from {world - len(seen)} rank(s) after {timeout:g} s: injecting all the same")
+
+
 def run_drill(
     run: RunDir, fault: str, target: Any, factor: float | None, timeout: float, show: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -616,6 +657,8 @@ def run_drill(
             ExitCode.BACKEND_UNAVAILABLE,
         )
     attempt = wait_for_attempt(run, backend, timeout, show)
+    if fault != "pre-timeout":
+        wait_for_training(attempt, min(timeout, STEP_WAIT_S), show)
     injector = Injector(backend, attempt.job_id or native_job_id(state.get("job_id", "")), node_python(run))
     injector.check()
     background: Background | None = None

@@ -39,7 +39,9 @@ from clusterctl import envnames, rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.rundir import write_json_atomic
-from clusterctl.runtime import registry
+from clusterctl.runtime import registry, stacks
+from clusterctl.runtime.watchdog import Settings, Watchdog
+from clusterctl.runtime.watchserver import WatchServer
 from clusterctl.runtime.preflight import MARKER_PREFIX, write_shared_marker
 
 READY = "controller.json"
@@ -130,6 +132,8 @@ class Controller:
         self.store = None
         self.stop_requested = False
         self.marker: str | None = None
+        self.records: dict[int, dict] = {}
+        self.watch: WatchServer | None = None
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
@@ -141,15 +145,39 @@ class Controller:
                 self.marker = write_shared_marker(checkpoint_dir, self.token, self.earlier_markers(checkpoint_dir))
             except OSError as exc:
                 log(f"cannot write the shared-filesystem marker in {checkpoint_dir}: {exc}")
+        self.watch = self.start_watch(listener.family)
         write_json_atomic(
             self.attempt_dir / READY,
-            {"port": port, "pid": os.getpid(), "host": os.environ.get("SLURMD_NODENAME", ""), "marker": self.marker},
+            {
+                "port": port,
+                "watch_port": self.watch.port,
+                "pid": os.getpid(),
+                "host": os.environ.get("SLURMD_NODENAME", ""),
+                "marker": self.marker,
+            },
         )
         self.store = host_store(listener, self.world, self.timeout_s)
         if self.stop_requested:  # the signal came while the store was starting
             self.request_stop()
         log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
         return port
+
+    def start_watch(self, family: socket.AddressFamily) -> WatchServer:
+        """The heartbeat path's end: a port of its own (any free one) for the node aggregators."""
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("", 0))
+        sock.listen(BACKLOG)
+        watchdog = Watchdog(self.world, self.hosts, self.gpn, Settings.from_run(self.run))
+        server = WatchServer(sock, self.token, watchdog, self.attempt_dir / rundir.TIMELINE, self.on_finding, log)
+        server.start()
+        return server
+
+    def on_finding(self, finding: Any) -> None:
+        """The watchdog called a hang or a straggler: record it, dump stacks (hang), stop the ranks."""
+        assert self.watch is not None
+        self.watch.respond(finding, self.attempt_dir)
 
     def earlier_markers(self, checkpoint_dir: str) -> list[str]:
         """Tokens of the markers that this run's earlier attempts wrote in `checkpoint_dir`."""
@@ -250,10 +278,13 @@ class Controller:
             errors=errors,
             log_errors=self.node_log_errors(missing) if missing else {},
         )
+        self.records = records
         self.write_manifest(records)
         self.store.set(registry.VERDICT, json.dumps(verdict.as_dict()))
         write_json_atomic(self.attempt_dir / rundir.VERDICT, verdict.as_dict())
         log(verdict.message)
+        if verdict.ok and self.watch is not None:
+            self.watch.arm()
         return verdict
 
     def write_manifest(self, records: dict[int, dict]) -> None:
@@ -295,8 +326,18 @@ class Controller:
     def finish(self, verdict: registry.Verdict) -> int:
         """Host the store until the ranks are done; then the attempt's code."""
         self.done.wait()
+        try:
+            return self._final_code(verdict)
+        finally:
+            if self.watch is not None:
+                self.watch.close()
+            stacks.remove_empty(self.attempt_dir)
+
+    def _final_code(self, verdict: registry.Verdict) -> int:
         if not verdict.ok:
             return verdict.code
+        if self.watch is not None and self.watch.finding is not None:
+            return self.watch.finding.code  # verdict.json written when it was called
         if self.store.check([registry.POSTCHECK]):
             post = json.loads(self.store.get(registry.POSTCHECK))
             log(post["message"])
@@ -304,26 +345,24 @@ class Controller:
                 final = registry.Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))
                 write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
                 return final.code
-        failed = int(self.store.add(registry.FAILED, 0))
-        if failed:
-            tracebacks = {
-                int(r): self.store.get(registry.error_key(int(r))).decode(errors="replace")
-                for r in self._listed(registry.ERRORED)
-            }
-            first = min(tracebacks) if tracebacks else None
-            final = registry.Verdict(
-                False,
-                int(ExitCode.SCRIPT_FAILED),
-                f"{failed} rank(s) failed; first: rank {first} on {self.hosts[first // self.gpn]}"
-                if first is not None
-                else f"{failed} rank(s) failed",
-                [{"rank": r, "host": self.hosts[r // self.gpn], "reason": "script failed"} for r in sorted(tracebacks)],
-                {"traceback": tracebacks.get(first, "") if first is not None else ""},
-            )
-            write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
-            log(final.message)
-            return final.code
-        return 0
+        blame = self.judge_end()
+        if blame is None:
+            return 0
+        final = registry.Verdict(False, blame.code, blame.message, blame.culprits, blame.evidence, blame.victims)
+        write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
+        log(final.message)
+        return final.code
+
+    def judge_end(self) -> Any:
+        """Culprits apart from victims (runtime/blame.py), once every rank is done."""
+        errors = {
+            int(r): self.store.get(registry.error_key(int(r))).decode(errors="replace")
+            for r in self._listed(registry.ERRORED)
+        }
+        if self.watch is None:
+            return None
+        gpus = {r: rec.get("gpu") for r, rec in self.records.items()}
+        return self.watch.judge_end(errors, self.attempt_dir / rundir.SRUN_LOG, gpus)
 
 
 def main(argv: list[str] | None = None) -> int:

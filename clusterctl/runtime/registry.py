@@ -19,7 +19,6 @@ from clusterctl.exitcodes import ExitCode
 PREFIX = "clusterctl/"
 ARRIVED = PREFIX + "arrived"
 VERDICT = PREFIX + "verdict"
-FAILED = PREFIX + "failed"  # count of ranks whose script raised
 DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim," by every claimant after the first
 ERRORED = PREFIX + "errored"  # appended "rank," by every rank that wrote error_key(rank)
 POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks

@@ -54,13 +54,11 @@ def await_verdict(store: Any, timeout_s: float) -> dict[str, Any]:
     return json.loads(store.get(registry.VERDICT))
 
 
-def report_error(store: Any, rank: int, text: str, *, script_failed: bool) -> None:
+def report_error(store: Any, rank: int, text: str) -> None:
     """Tell the controller what went wrong on this rank (best effort: the store may be gone)."""
     try:
         store.set(registry.error_key(rank), text[-20000:])
         store.append(registry.ERRORED, f"{rank},")
-        if script_failed:
-            store.add(registry.FAILED, 1)
     except Exception:  # noqa: BLE001 - reporting must never mask the original error
         traceback.print_exc()
 

@@ -164,12 +164,31 @@ class Watchdog:
 
     def check_hang(self, now: float) -> Finding | None:
         if self.last_progress is None:
-            return None  # no rank reports phases: nothing to judge progress by
+            return self._silent_before_training(now)
         timeout, why = self.hang_timeout()
         stalled = now - self.last_progress
         if stalled < timeout:
             return None
         culprits, reason = self._hang_culprits(now)
+        return self._hang(now, timeout, why, stalled, culprits, reason)
+
+    def _silent_before_training(self, now: float) -> Finding | None:
+        """No phases yet (start-up, or a script that reports none): only a rank gone silent is a hang."""
+        timeout = self.settings.hang_timeout
+        silent = [
+            r for r in self.ranks if r.last_beat is not None and now - r.last_beat > timeout and r.process != "gone"
+        ]
+        if not silent or len(silent) == self.world:
+            return None
+        silent.sort(key=lambda r: (r.last_beat or 0.0, r.rank))
+        stalled = now - (silent[0].last_beat or now)
+        state = "process stopped" if silent[0].process == "stopped" else "no liveness beat"
+        reason = f"{state} for {stalled:.1f} s before any training step, while its peers beat on"
+        return self._hang(now, timeout, "no training step yet (watchdog.hang_timeout)", stalled, silent, reason)
+
+    def _hang(
+        self, now: float, timeout: float, why: str, stalled: float, culprits: list[RankState], reason: str
+    ) -> Finding:
         blamed = {c.rank for c in culprits}
         victims = [r for r in self.ranks if r.rank not in blamed]
         evidence = {
