@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -34,6 +35,7 @@ from clusterctl.cpulist import format_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
+from clusterctl.runtime.watchdog import WARMUP_STEPS
 
 EXPECTED = {
     "hang": ExitCode.HANG,
@@ -608,7 +610,7 @@ STEP_WAIT_S = 120.0
 
 
 def wait_for_training(attempt: Attempt, timeout: float, show: Callable[[str], None]) -> None:
-    """Until every rank finished a training step (timeline.jsonl), so the fault lands in training, not start-up.
+    """Until every rank is past the watchdog's warm-up (timeline.jsonl), so the fault lands in training.
 
     A script that reports no steps (no heartbeat phases) is drilled after `timeout` all the same.
     """
@@ -616,10 +618,14 @@ def wait_for_training(attempt: Attempt, timeout: float, show: Callable[[str], No
     if not path.exists():
         return  # not watched (standalone scripts): nothing tells when training runs
     world = len(attempt.ranks()) or 1
-    seen: set[int] = set()
+    steps: Counter[int] = Counter()
     offset = 0
     deadline = time.monotonic() + timeout
     next_note = time.monotonic() + 5
+
+    def ready() -> int:
+        return sum(1 for r in range(world) if steps[r] >= WARMUP_STEPS)
+
     while time.monotonic() < deadline:
         try:
             with open(path, "rb") as fh:
@@ -635,14 +641,14 @@ def wait_for_training(attempt: Attempt, timeout: float, show: Callable[[str], No
             except ValueError:
                 continue
             if record.get("kind") == "step" and isinstance(record.get("rank"), int):
-                seen.add(record["rank"])
-        if len(seen) >= world:
+                steps[record["rank"]] += 1
+        if ready() >= world:
             return
         if time.monotonic() >= next_note:
-            show(f"waiting for every rank's first training step ({len(seen)} of {world} so far)")
+            show(f"waiting for the ranks to finish {WARMUP_STEPS} training steps ({ready()} of {world} have)")
             next_note = time.monotonic() + 5
         time.sleep(0.5)
-    show(f"no training step from {world - len(seen)} rank(s) after {timeout:g} s: injecting all the same")
+    show(f"{world - ready()} rank(s) not past {WARMUP_STEPS} training steps after {timeout:g} s: injecting all the same")
 
 
 def run_drill(
