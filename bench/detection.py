@@ -1,0 +1,177 @@
+"""Detection latency: a hang, a 1.5x and a 3x straggler, and false verdicts over a clean run.
+
+4 ranks (2 emulated nodes x 2) of the reference trainer on the local backend,
+each step busy-computing about 1 s (`--step-compute-s 1`), with
+`watchdog.straggler_factor: 1.25` and checkpoint saves and evaluations every
+50 steps. Faults are injected from outside with `clusterctl drill`.
+
+* clean + hang: one job trains CLEAN steps (300; 40 with --quick) with no
+  verdict allowed, then `drill --hang 1`: seconds from the SIGSTOP to the
+  verdict, and the hang timeout the watchdog derived.
+* stragglers: one job each, `drill --slow 2:1.5` and `--slow 2:3` once the
+  ranks are past warm-up: steps from the injection to the straggler verdict.
+
+Targets: hang <= 10 s, 1.5x straggler <= 30 steps, no false verdict in >= 300
+clean steps. There is no peer to run beside it: torch itself calls a hang
+only when a collective times out (NCCL 10 min, gloo 30 min by default).
+
+    python bench/detection.py [--quick]
+
+Last line: {"hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps",
+"straggler_3x_steps", "false_verdicts", "clean_steps"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
+WINDOW_FULL = 30  # steps before a straggler is injected: warm-up (5) plus a full 20-step window, and some
+
+
+def spec(name: str, runs: Path, steps: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "site": "local",
+        "time_limit": "2h",
+        "nodes": 2,
+        "gpus_per_node": 2,
+        "runs_root": str(runs),
+        "watchdog": {"straggler_factor": 1.25},
+        "checkpoint": {"interval": 50, "keep": 1},
+        "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64},
+        "seq_len": 16,
+        "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "50",
+                    "--step-compute-s", "1"],
+    }
+
+
+def submit(scratch: Path, name: str, steps: int) -> Path:
+    path = scratch / f"{name}.yaml"
+    path.write_text(json.dumps(spec(name, scratch / "runs", steps)))
+    out = subprocess.run([*CLUSTERCTL, "submit", str(path)], capture_output=True, text=True, check=True)
+    for line in out.stdout.splitlines():
+        if line.startswith("run directory: "):
+            return Path(line.removeprefix("run directory: ").strip())
+    raise RuntimeError(out.stdout + out.stderr)
+
+
+def steps_done(attempt: Path) -> int:
+    try:
+        return len((attempt / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def verdict(attempt: Path) -> dict[str, Any] | None:
+    try:
+        found = json.loads((attempt / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if found.get("ok") else found
+
+
+def drill(run: Path, *args: str) -> dict[str, Any]:
+    out = subprocess.run([*CLUSTERCTL, "drill", str(run), *args, "--timeout", "600", "--json"], capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def step_at(attempt: Path, rank: int, when: float) -> int:
+    """The last step `rank` finished at or before `when` (the controller's timeline)."""
+    last = -1
+    for line in (attempt / "timeline.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "step" and record.get("rank") == rank and record["t"] <= when:
+            last = max(last, record["step"])
+    return last
+
+
+def cancel(run: Path) -> None:
+    from clusterctl.backends.local import LocalBackend
+
+    LocalBackend().cancel(str(json.loads((run / "state.json").read_text())["job_id"]))
+
+
+def clean_then_hang(scratch: Path, clean: int, show: Any) -> dict[str, Any]:
+    run = submit(scratch, "clean-hang", clean + 1000)
+    attempt = run / "attempt-1"
+    start = time.monotonic()
+    false = 0
+    while steps_done(attempt) < clean:
+        if verdict(attempt) is not None:
+            false += 1
+            show(f"false verdict after {steps_done(attempt)} clean steps: {verdict(attempt)['message']}")
+            break
+        time.sleep(1)
+        if time.monotonic() - start > 60 * 60:
+            raise RuntimeError("the clean run did not progress")
+    clean_steps = steps_done(attempt)
+    show(f"clean: {clean_steps} steps, {false} false verdict(s), {time.monotonic() - start:.0f} s")
+    report = drill(run, "--hang", "1") if not false else {}
+    if report:
+        show(f"hang: detected={report['detected']} culprit_right={report['culprit_right']} after {report['seconds']} s")
+    found = verdict(attempt) or {}
+    cancel(run)
+    return {
+        "clean_steps": clean_steps,
+        "false_verdicts": false,
+        "hang_detect_s": report.get("seconds") if report.get("culprit_right") else None,
+        "hang_timeout_s": found.get("evidence", {}).get("hang_timeout_s"),
+    }
+
+
+def straggler(scratch: Path, factor: float, show: Any) -> tuple[int | None, int]:
+    run = submit(scratch, f"slow-{factor:g}x", 2000)
+    attempt = run / "attempt-1"
+    while steps_done(attempt) < WINDOW_FULL:  # measure detection, not the window filling up
+        if verdict(attempt) is not None:
+            show(f"false verdict before the {factor:g}x slowdown: {verdict(attempt)['message']}")
+            cancel(run)
+            return None, 1
+        time.sleep(1)
+    report = drill(run, "--slow", f"2:{factor:g}")
+    found = verdict(attempt) or {}
+    cancel(run)
+    if not report.get("detected") or not report.get("culprit_right"):
+        show(f"{factor:g}x straggler: missed ({report.get('note') or report.get('message')})")
+        return None, 1 if found else 0
+    onset = step_at(attempt, 2, report["injected_at"])
+    named = found["evidence"]["step"]
+    show(f"{factor:g}x straggler: named after {named - onset} steps ({report['seconds']} s), ratio {found['evidence']['ratio']}")
+    return named - onset, 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="40 clean steps and the hang only (about a minute)")
+    args = parser.parse_args()
+    os.environ.setdefault("PYTHONPATH", str(REPO))
+
+    def show(text: str) -> None:
+        print(text, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="clusterctl-detect-") as tmp:
+        scratch = Path(tmp)
+        os.environ["CLUSTERCTL_LOCAL_STATE"] = str(scratch / "local-state")
+        result = clean_then_hang(scratch, 40 if args.quick else 300, show)
+        result["straggler_1_5x_steps"] = result["straggler_3x_steps"] = None
+        if not args.quick:
+            for factor, key in ((1.5, "straggler_1_5x_steps"), (3.0, "straggler_3x_steps")):
+                steps, false = straggler(scratch, factor, show)
+                result[key] = steps
+                result["false_verdicts"] += false
+    keys = ("hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps", "straggler_3x_steps", "false_verdicts", "clean_steps")
+    print(json.dumps({k: result[k] for k in keys}))
+
+
+if __name__ == "__main__":
+    main()
