@@ -56,13 +56,12 @@ def spec(name: str, runs: Path, steps: int) -> dict[str, Any]:
 
 
 def submit(scratch: Path, name: str, steps: int) -> Path:
+    from clusterctl.job import load_job
+    from clusterctl.submit import submit_job
+
     path = scratch / f"{name}.yaml"
     path.write_text(json.dumps(spec(name, scratch / "runs", steps)))
-    out = subprocess.run([*CLUSTERCTL, "submit", str(path)], capture_output=True, text=True, check=True)
-    for line in out.stdout.splitlines():
-        if line.startswith("run directory: "):
-            return Path(line.removeprefix("run directory: ").strip())
-    raise RuntimeError(out.stdout + out.stderr)
+    return submit_job(load_job(path), "local").run.path
 
 
 def steps_done(attempt: Path) -> int:

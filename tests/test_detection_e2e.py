@@ -15,22 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BACKEND_SITES
+
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.job import load_job
 from clusterctl.submit import submit_job
 from helpers import cli
-
-SITES = {"slurm": "slurm-lab", "local": "local"}
-
-
-@pytest.fixture(params=["local", pytest.param("slurm", marks=pytest.mark.slurm)])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "slurm":
-        monkeypatch.setenv("SLURM_CONF", request.getfixturevalue("slurm_lab").conf)
-    else:
-        monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
-    return request.param
 
 
 @pytest.mark.parametrize("fault, target, code", [("kill", 2, ExitCode.SCRIPT_FAILED), ("hang", 1, ExitCode.HANG)])
@@ -39,7 +30,7 @@ def test_drill_names_the_culprit_of_a_torch_job(
 ) -> None:
     spec = {
         "name": f"drill-{fault}",
-        "site": SITES[backend],
+        "site": BACKEND_SITES[backend],
         "time_limit": "20m",
         "nodes": 2,
         "gpus_per_node": 2,

@@ -12,28 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BACKEND_SITES
+
 from clusterctl.backends import get_backend
 from clusterctl.checkpoint import latest_committed
 from clusterctl.exitcodes import ExitCode
 from clusterctl.job import load_job
 from clusterctl.submit import submit_job
 
-SITES = {"slurm": "slurm-lab", "local": "local"}
-
-
-@pytest.fixture(params=["local", "slurm"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "slurm":
-        monkeypatch.setenv("SLURM_CONF", request.getfixturevalue("slurm_lab").conf)
-    else:
-        monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
-    return request.param
-
 
 def test_signal_to_the_batch_shell_saves_commits_and_exits_85(backend: str, tmp_path: Path) -> None:
     spec = {
         "name": "pretimeout",
-        "site": SITES[backend],
+        "site": BACKEND_SITES[backend],
         "time_limit": "20m",
         "nodes": 2,
         "gpus_per_node": 1,

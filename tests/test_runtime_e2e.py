@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import BACKEND_SITES
+
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.job import load_job
@@ -22,18 +24,7 @@ from clusterctl.submit import submit_job
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "programs" / "faults"
-BACKEND_SITES = {"slurm": "slurm-lab", "local": "local"}
 CHECKS = list(DEFAULT_PREFLIGHT)  # the defaults, nic included: both sites name NICs their nodes have (lo)
-
-
-@pytest.fixture(params=["slurm", "local"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "slurm":
-        lab = request.getfixturevalue("slurm_lab")
-        monkeypatch.setenv("SLURM_CONF", lab.conf)
-    else:
-        monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
-    return request.param
 
 
 def run_job(backend: str, tmp_path: Path, fault: str | None, *, checks: list[str] = CHECKS, **extra: object) -> tuple:

@@ -18,7 +18,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False
 
 def out_console() -> Console:
     """Standard output; markup off because messages carry user values such as `gpu-[001-004]`."""
-    return Console(highlight=False, markup=False)
+    return Console(highlight=False, markup=False, soft_wrap=True)  # a path on one line, for scripts that read it
 
 
 def report_error(exc: ClusterctlError) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 from clusterctl import envnames, rundir
 from clusterctl.runtime.gpusample import GpuSampler
 from clusterctl.runtime.heartbeat import socket_path
+from clusterctl.runtime.procfs import process_state
 from clusterctl.runtime.stacks import DUMP_SIGNAL
 
 INTERVAL_S = 1.0
@@ -49,17 +50,12 @@ def log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} clusterctl aggregator: {message}", flush=True)
 
 
-def process_state(pid: int) -> str:
-    """running, sleeping, stopped or gone, from /proc/PID/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode(errors="replace")
-    except OSError:
-        return "gone"
-    state = stat.rpartition(")")[2].split()[0] if ")" in stat else "?"
-    return {"R": "running", "S": "sleeping", "D": "sleeping", "T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(
-        state, "running"
-    )
+_STATES = {"R": "running", "S": "sleeping", "D": "sleeping", "T": "stopped", "t": "stopped", "Z": "gone", "X": "gone", "": "gone"}
+
+
+def rank_state(pid: int) -> str:
+    """running, sleeping, stopped or gone."""
+    return _STATES.get(process_state(pid), "running")
 
 
 class Aggregator:
@@ -191,7 +187,7 @@ class Aggregator:
     def processes(self) -> dict[str, str]:
         states = {}
         for rank, pid in self.pids.items():
-            state = "gone" if self.reported.get(rank) == "gone" else process_state(pid)
+            state = "gone" if self.reported.get(rank) == "gone" else rank_state(pid)
             states[str(rank)] = state
             if state == "gone" and self.reported.get(rank) != "gone":
                 self.reported[rank] = "gone"

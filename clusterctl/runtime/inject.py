@@ -51,6 +51,7 @@ import time
 from typing import Any
 
 from clusterctl import envnames
+from clusterctl.runtime.procfs import process_state
 
 EXIT_REFUSED = 1
 
@@ -86,16 +87,6 @@ def read_environ(pid: int) -> dict[str, str]:
         if sep:
             env[key.decode(errors="replace")] = value.decode(errors="replace")
     return env
-
-
-def process_state(pid: int) -> str:
-    """The one-letter state from /proc/PID/stat (R, S, T, Z, ...), '' when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return text[text.rfind(")") + 2 :].split(" ", 1)[0]
 
 
 class Target:
