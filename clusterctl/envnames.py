@@ -14,6 +14,7 @@ ATTEMPT_DIR = "CLUSTERCTL_ATTEMPT_DIR"
 TOKEN = "CLUSTERCTL_TOKEN"
 NODES = "CLUSTERCTL_NODES"  # nodes running ranks (allocation minus spares/excluded)
 HOSTFILE = "CLUSTERCTL_HOSTFILE"
+OVERSUBSCRIBED = "CLUSTERCTL_OVERSUBSCRIBED"  # 1 where emulated GPUs share real CPUs (runtime/computeclock.py)
 
 # Set by the wrapper for each rank.
 NODE_SLOT = "CLUSTERCTL_NODE_SLOT"

@@ -149,6 +149,7 @@ def render_run(
         "gres": site.gres,
         "cpus_per_task": cpus_per_task,
         "exclusive": not site.oversubscribe,
+        "oversubscribe": site.oversubscribe,
         "time": format_slurm_time(spec.time_limit),
         "switches": spec.topology.switches,
         "switch_wait": format_slurm_time(spec.topology.switch_wait) if spec.topology.switch_wait else None,

@@ -134,6 +134,7 @@ class MiniJob:
             PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
         )
         env[envnames.TOKEN] = self.token
+        env[envnames.OVERSUBSCRIBED] = "1"  # as the batch script says for the local site
         env[envnames.ATTEMPT_DIR] = str(self.attempt_dir)
         env[envnames.WATCH_ADDR] = f"127.0.0.1:{self.server.port}"
         env[envnames.HEARTBEAT_DIR] = str(self.tmp)

@@ -20,16 +20,13 @@ from conftest import BACKEND_SITES
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.job import load_job
-from clusterctl.submit import submit_job
+from clusterctl.submit import Submitted, submit_job
 from helpers import cli
 
 
-@pytest.mark.parametrize("fault, target, code", [("kill", 2, ExitCode.SCRIPT_FAILED), ("hang", 1, ExitCode.HANG)])
-def test_drill_names_the_culprit_of_a_torch_job(
-    backend: str, tmp_path: Path, fault: str, target: int, code: ExitCode
-) -> None:
+def submit(backend: str, tmp_path: Path, name: str) -> Submitted:
     spec = {
-        "name": f"drill-{fault}",
+        "name": name,
         "site": BACKEND_SITES[backend],
         "time_limit": "20m",
         "nodes": 2,
@@ -43,7 +40,22 @@ def test_drill_names_the_culprit_of_a_torch_job(
     }
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(spec))
-    done = submit_job(load_job(path), backend)
+    return submit_job(load_job(path), backend)
+
+
+def wait_finished(backend: str, done: Submitted, log: str) -> None:
+    be = get_backend(backend)
+    deadline = time.monotonic() + 60
+    while not ((info := be.info(done.job_id)) and info.finished):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("fault, target, code", [("kill", 2, ExitCode.SCRIPT_FAILED), ("hang", 1, ExitCode.HANG)])
+def test_drill_names_the_culprit_of_a_torch_job(
+    backend: str, tmp_path: Path, fault: str, target: int, code: ExitCode
+) -> None:
+    done = submit(backend, tmp_path, f"drill-{fault}")
     run = done.run
     result = cli("drill", str(run.path), f"--{fault}", str(target), "--timeout", "150", "--json")
     log = (run.path / f"slurm-{done.job_id}.out").read_text()
@@ -52,11 +64,7 @@ def test_drill_names_the_culprit_of_a_torch_job(
     assert report["detected"] and report["culprit_right"] and report["code"] == code, report
     assert report["seconds"] < (20 if fault == "hang" else 15), report
 
-    be = get_backend(backend)
-    deadline = time.monotonic() + 60
-    while not ((info := be.info(done.job_id)) and info.finished):
-        assert time.monotonic() < deadline, log
-        time.sleep(0.3)
+    wait_finished(backend, done, log)
     attempt = run.attempt(1)
     verdict = json.loads((attempt / "verdict.json").read_text())
     hosts = json.loads((attempt / "attempt.json").read_text())["hosts"]
@@ -75,3 +83,24 @@ def test_drill_names_the_culprit_of_a_torch_job(
     else:
         assert verdict["evidence"]["how"] == "Killed"
         assert all("Connection" in v["reason"] or "srun" in v["reason"] for v in verdict["victims"]), verdict
+
+
+def test_drill_losing_a_node_blames_the_node_not_its_peers(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "drill-node")
+    attempt = done.run.attempt(1)
+    deadline = time.monotonic() + 120
+    while not (attempt / "attempt.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    hosts = json.loads((attempt / "attempt.json").read_text())["hosts"]
+    lost = hosts[1]  # not the first node: it runs the batch script and the controller
+    result = cli("drill", str(done.run.path), "--node", lost, "--timeout", "150", "--json")
+    log = (done.run.path / f"slurm-{done.job_id}.out").read_text()
+    assert result.exit_code == 0, (result.output, log)
+    report = json.loads(result.stdout)
+    assert report["detected"] and report["culprit_right"] and report["code"] == ExitCode.NODE_LOST, report
+    wait_finished(backend, done, log)
+    verdict = json.loads((attempt / "verdict.json").read_text())
+    assert [(c["rank"], c["host"]) for c in verdict["culprits"]] == [(2, lost), (3, lost)]
+    assert sorted(v["rank"] for v in verdict["victims"]) == [0, 1]
+    assert verdict["evidence"]["node"] == lost

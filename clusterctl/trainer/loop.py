@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from clusterctl import envnames, rundir
 from clusterctl.trainer import busy
+from clusterctl.runtime.computeclock import compute_clock
 from clusterctl.trainer.contract import Contract
 from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression
 from clusterctl.trainer.models import MLP, TinyGPT
@@ -175,6 +176,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     samples = open(where / f"samples-rank{rank}.jsonl", "a") if config.record_samples else None
     tokens_per_sample = config.seq_len if config.model == "transformer" else 1
     step_times: list[float] = []
+    compute_time = compute_clock()
     reached: dict[str, Any] | None = None
     began = time.time()
     hb = contract.heartbeat
@@ -188,6 +190,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             )
     for step in range(start, config.steps):
         t0 = time.perf_counter()
+        c0 = compute_time()
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), dtype=torch.float64, device=device)
         used: list[int] = []
@@ -209,7 +212,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             # waiting for a slow rank waits in the loss all-reduce below (outside
             # compute_s), not inside the next backward.
             busy.spin(busy_units)
-        compute_s = time.perf_counter() - t0
+        compute_s = compute_time() - c0
         hb.phase("optimizer", step)
         optimizer.step()
         hb.phase("collective", step)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from clusterctl import envnames
 from clusterctl.runtime import heartbeat, stacks
+from clusterctl.runtime.computeclock import compute_clock
 from clusterctl.trainer.busy import spin
 
 
@@ -55,13 +56,14 @@ def main() -> int:
     attempt_dir = Path(os.environ[envnames.ATTEMPT_DIR])
     stacks.arm(attempt_dir, rank)
     hb = heartbeat.shared(rank, 1)
+    clock = compute_clock()
     try:
         barrier = Barrier(args.barrier, rank)
         for step in range(args.steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), clock()
             hb.phase("forward", step)
             spin(args.units)
-            compute = time.perf_counter() - t0
+            compute = clock() - c0
             hb.phase("collective", step)
             barrier.wait(f"step {step}")
             hb.step_done(step, time.perf_counter() - t0, compute)
