@@ -322,7 +322,7 @@ def _partition_problems(spec: JobSpec, site: Site, partition: str, dims: Dims, w
                     f"expected at most partition {partition}'s limit {part.max_time} ({format_duration(limit)})",
                 )
             )
-    members = set(hostlist.expand(part.nodes)) if part.nodes else known_nodes(site)
+    members = (set(hostlist.expand(part.nodes)) if part.nodes else known_nodes(site)) if spec.topology.exclude else None
     for expr in spec.topology.exclude:
         try:
             names = hostlist.expand(expr)
