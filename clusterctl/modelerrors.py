@@ -9,6 +9,7 @@ for a pattern.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from typing import Any, TypeVar
@@ -93,9 +94,16 @@ def _problem(model: type[BaseModel], err: dict[str, Any]) -> Problem:
     return Problem(path, value, str(err["msg"]) or "invalid")
 
 
+_TAG = re.compile(
+    r"^(list|dict|tuple|set|frozenset|literal|nullable|union|tagged-union|chain|json-or-python|lax-or-strict"
+    r"|is-instance|definition-ref|constrained-\w+|function-(after|before|plain|wrap))\[.*\]$"
+)
+
+
 def _is_union_tag(part: Any) -> bool:
-    # pydantic adds the member type of a union to the location, e.g. 'list[str]'.
-    return isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "literal['auto']"} or part.startswith("function-"))
+    # pydantic adds the member type of a union to the location, e.g. 'list[str]'; a user's key
+    # with a bracket in it (`o[ptimizer`, a typo) is no tag.
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool", "[key]"} or _TAG.match(part) is not None)
 
 
 def _choices(expected: str) -> str:

@@ -305,3 +305,11 @@ def test_fuzz_corpus_of_real_pastes() -> None:
     ]
     for text in samples:
         _outcome(text)
+
+
+def test_a_key_with_a_bracket_typed_in_is_named() -> None:
+    """Found by the fuzz run: `o[ptimizer: adamw` crashed the error formatter (it took the key for a pydantic tag)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        spec = write_yaml(root, QUICKSTART.replace("optimizer: adamw", "o[ptimizer: adamw"))
+        expect_cli_config_error(["plan", spec], root, "o[ptimizer", "unknown key", "did you mean 'optimizer'?")

@@ -95,8 +95,10 @@ def test_each_rank_gets_what_the_plan_says(lab_env, tmp_path: Path) -> None:  # 
         assert report["argv"] == ["arg with space"]
     assert len(set(attempt["hosts"])) == 2
     # Per-node logs, every line labelled with its rank.
-    logs = sorted((run.attempt(1) / "logs").glob("*.log"))
+    logs = sorted((run.attempt(1) / "logs").glob("node-*.log"))
     assert [p.name for p in logs] == ["node-0.log", "node-1.log"]  # by node slot; attempt.json maps slot -> host
+    aggregators = sorted(p.name for p in (run.attempt(1) / "logs").glob("aggregator-*.log"))
+    assert aggregators == ["aggregator-0.log", "aggregator-1.log"]  # one heartbeat aggregator per node
     for slot, log in enumerate(logs):
         lines = [line for line in log.read_text().splitlines() if line.strip()]
         ranks = {int(line.split(":", 1)[0]) for line in lines}

@@ -269,3 +269,31 @@ def test_a_rank_silent_before_the_first_step_is_a_hang_after_the_configured_time
     assert finding is not None and 69 <= second <= 71
     assert [c["rank"] for c in finding.culprits] == [1] and "before any training step" in finding.culprits[0]["reason"]
     assert sorted(v["rank"] for v in finding.victims) == [0, 2, 3]
+
+
+def test_a_lost_phase_message_is_made_good_by_the_next_liveness_beat() -> None:
+    wd, t = training(steps=10)
+    # Every rank enters a long evaluation, but the `eval` datagrams are lost; the liveness beats say eval.
+    for second in range(1, 20):
+        for rank in range(4):
+            wd.observe({"kind": "alive", "rank": rank, "step": 9, "phase": "eval", "t": t + second}, t + second)
+        assert wd.check(t + second + 0.5) is None, second
+    assert wd.hang_timeout()[0] == 120
+
+
+def test_a_liveness_beat_older_than_the_phase_news_does_not_undo_it() -> None:
+    wd, t = training(steps=10)
+    wd.observe({"kind": "phase", "rank": 0, "step": 10, "phase": "collective", "t": 50.6}, t + 1)
+    wd.observe({"kind": "alive", "rank": 0, "step": 10, "phase": "forward", "t": 50.5}, t + 1)  # same batch, sent before
+    assert wd.ranks[0].phase == "collective"
+
+
+def test_every_rank_slowing_together_is_no_straggler() -> None:
+    wd, t = training(steps=40, noise=0.02)
+    rng = random.Random(3)
+    for step in range(40, 80):  # the whole machine slows: each rank 1.25-1.4x, one a little more than the rest
+        t += 1.3
+        for rank in range(4):
+            slow = 1.4 if rank == 2 else rng.uniform(1.25, 1.3)
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.3, "compute_s": 0.8 * slow}, t)
+        assert wd.check(t) is None, step

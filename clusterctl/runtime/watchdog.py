@@ -18,7 +18,8 @@ Rules (the README's "Watching a job" section says the same):
 * Straggler (83): over the last `watchdog.window` steps, a rank's median
   compute time (the part of the step outside collectives) exceeds its peers'
   median by `watchdog.straggler_factor`, or its own median of an earlier
-  window by that factor while its peers' did not change as much.
+  window by that factor and by that factor more than its peers' own changed
+  (a machine-wide slowdown is nobody's straggler).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class RankState:
     compute: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=512))
     process: str | None = None  # the aggregator's view: running, sleeping, stopped, gone
     closed: bool = False  # the rank's training loop said it is done
+    sent: float = 0.0  # the sender's time of the latest phase news applied
     gone_at: float | None = None
 
 
@@ -114,10 +116,15 @@ class Watchdog:
         kind = msg.get("kind")  # hello (pid only), alive, phase, step, closed
         if kind == "closed":
             state.closed = True
-        if kind not in PROGRESS_KINDS:
-            return
         step = int(msg.get("step", state.step))
         phase = str(msg.get("phase", state.phase))
+        sent = float(msg.get("t") or 0.0)
+        if kind == "alive" and state.last_progress is not None and (phase, step) != (state.phase, state.step):
+            if sent > state.sent:  # not a beat older than the phase news already applied (batches reorder them)
+                kind = "phase"  # a phase message was lost on the way (datagrams): the liveness beat carries the news
+        if kind not in PROGRESS_KINDS:
+            return
+        state.sent = max(state.sent, sent)
         if kind == "step":
             state.steps_done += 1
             if msg.get("step_s") is not None:
@@ -274,9 +281,11 @@ class Watchdog:
                         worst = (ratio, rank, why)
             if rank in earlier and earlier[rank] > 0:
                 own = mine / earlier[rank]
+                # Slower than its own past by the factor, and by the factor more than its peers slowed:
+                # a machine-wide slowdown (every rank 1.3x) is nobody's straggler.
                 peer_own = [recent[k] / earlier[k] for k in recent if k != rank and earlier.get(k)]
-                calm = not peer_own or statistics.median(peer_own) < s.straggler_factor
-                if own > s.straggler_factor and calm and (worst is None or own > worst[0]):
+                relative = own / statistics.median(peer_own) if peer_own else own
+                if own > s.straggler_factor and relative > s.straggler_factor and (worst is None or own > worst[0]):
                     worst = (
                         own,
                         rank,
