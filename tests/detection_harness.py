@@ -26,8 +26,8 @@ from typing import Any
 
 from clusterctl import envnames, rundir
 from clusterctl.backends.localslurm import BIN_DIR
-from clusterctl.runtime.blame import Blame
-from clusterctl.runtime.watchdog import Finding, Settings, Watchdog
+from clusterctl.runtime.registry import Verdict
+from clusterctl.runtime.watchdog import Settings, Watchdog
 from clusterctl.runtime.watchserver import WatchServer
 from clusterctl.trainer.busy import calibrate
 
@@ -103,7 +103,7 @@ class MiniJob:
         self.attempt_dir = tmp / "attempt-1"
         (self.attempt_dir / rundir.LOGS).mkdir(parents=True)
         self.watchdog = Watchdog(self.world, self.hosts, per_node, settings)
-        self.findings: list[tuple[float, Finding]] = []
+        self.findings: list[tuple[float, Verdict]] = []
         listener = socket.create_server(("127.0.0.1", 0))
         self.server = WatchServer(
             listener, self.token, self.watchdog, self.attempt_dir / rundir.TIMELINE, self._on_finding, lambda m: None
@@ -112,7 +112,7 @@ class MiniJob:
         self.args = ["--steps", str(steps), "--units", str(units_for(compute_s)), *(extra or [])]
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def _on_finding(self, finding: Finding) -> None:
+    def _on_finding(self, finding: Verdict) -> None:
         called = time.time()
         self.server.respond(finding, self.attempt_dir)  # verdict.json, stacks, ranks stopped
         self.findings.append((called, finding))
@@ -191,11 +191,11 @@ class MiniJob:
             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
         )
 
-    def wait_finding(self, timeout: float) -> tuple[float, Finding] | None:
+    def wait_finding(self, timeout: float) -> tuple[float, Verdict] | None:
         self.server.wait_until(lambda: bool(self.findings), timeout)
         return self.findings[0] if self.findings else None
 
-    def end(self, timeout: float = 60) -> Blame | None:
+    def end(self, timeout: float = 60) -> Verdict | None:
         """Wait for the ranks' srun to end, then judge the attempt as the controller does."""
         self.ranks.wait(timeout=timeout)
         errors_dir = self.attempt_dir / "errors"

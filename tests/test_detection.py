@@ -102,8 +102,9 @@ def test_a_killed_rank_is_the_culprit_and_its_peers_are_victims(job) -> None:  #
 def test_a_node_losing_every_process_is_a_lost_node(job) -> None:  # noqa: ANN001
     mini = job(steps=400, compute_s=0.1, settings=FAST)
     mini.wait_steps(4)
+    ranks_there = {mini.pid(2), mini.pid(3)}
     killed = mini.inject("--node", "node2", "--job", mini.job_id)["killed"]
-    assert len(killed) == 3  # two ranks and the node's aggregator
+    assert ranks_there <= set(killed) and len(killed) == 3, (killed, ranks_there)  # and the node's aggregator
     blame = mini.end()
     assert blame is not None and blame.code == ExitCode.NODE_LOST
     assert [(c["rank"], c["host"]) for c in blame.culprits] == [(2, "node2"), (3, "node2")]
@@ -127,12 +128,14 @@ def test_a_rank_stopped_during_a_save_is_judged_on_the_save_timeout(job) -> None
 
 def test_a_clean_run_across_saves_and_evaluations_gives_no_verdict(job) -> None:  # noqa: ANN001
     # Saves and evaluations far longer than the derived hang timeout (3 s here), a warm-up, and noise.
+    # The spec's default straggler settings (factor 1.5, a 20-step window); the hang clock as above.
     mini = job(
-        steps=60, compute_s=0.05, settings=FAST,
+        steps=60, compute_s=0.1, settings=Settings(hang_timeout=30, save_timeout=8),
         extra=["--save-every", "20", "--save-s", "4", "--eval-every", "25", "--eval-units", str(_units(4))],
     )
     blame = mini.end(timeout=180)
-    assert blame is None and not mini.findings
+    assert not mini.findings, [(f.message, f.evidence) for _, f in mini.findings]
+    assert blame is None, blame
     assert mini.ranks.returncode == 0
     phases = {e["phase"] for e in mini.timeline() if e["kind"] == "phase"}
     assert {"forward", "collective", "save", "eval", "idle"} <= phases
@@ -181,14 +184,18 @@ def test_an_aggregator_with_a_stale_token_is_turned_away(tmp_path: Path) -> None
         beat = {"kind": "batch", "beats": [{"kind": "phase", "rank": 0, "step": 3, "phase": "forward", "pid": 1}]}
         for token in ("stale-token", "right-token"):
             with socket.create_connection(("127.0.0.1", server.port)) as conn:
-                conn.sendall((json.dumps({"kind": "hello", "token": token, "node": "n1"}) + "\n").encode())
-                conn.sendall((json.dumps(beat) + "\n").encode())
+                hello = {"kind": "hello", "token": token, "node": "n1"}
+                conn.sendall((json.dumps(hello) + "\n" + json.dumps(beat) + "\n").encode())
                 if token == "stale-token":
-                    assert conn.recv(10) == b""  # closed on it
+                    try:
+                        closed = conn.recv(10) == b""
+                    except ConnectionResetError:
+                        closed = True
+                    assert closed  # the server hung up on it
                     assert wd.ranks[0].step == -1
                 else:
                     assert server.wait_until(lambda: wd.ranks[0].step == 3, 5)
-                conn.sendall(b'{"kind": "bye"}\n')
+                    conn.sendall(b'{"kind": "bye"}\n')
         assert any("stale or missing attempt token" in line for line in logged)
     finally:
         server.close()

@@ -132,15 +132,16 @@ def test_a_straggler_is_named_from_its_compute_time(factor: float, within: int) 
     assert [c["rank"] for c in finding.culprits] == [3]
     assert sorted(v["rank"] for v in finding.victims) == [0, 1, 2]
     assert finding.evidence["ratio"] > 1.25
-    assert extra + 1 <= 12  # the median of a 20-step window turns after 11 slow steps
+    assert extra + 1 <= 16  # the median of a 20-step window turns after 11 slow steps, then 5 steps to persist
 
 
 def test_a_rank_slower_than_its_own_past_is_a_straggler_even_alone() -> None:
     wd, t = training(world=1, steps=40)
-    for step in range(40, 60):
+    finding = None
+    for step in range(40, 70):
         t += 2
         wd.observe({"kind": "step", "rank": 0, "step": step, "phase": "collective", "step_s": 2, "compute_s": 1.6}, t)
-    finding = wd.check(t)
+        finding = finding or wd.check(t)
     assert finding is not None and finding.code == ExitCode.STRAGGLER and "its own earlier" in finding.message
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from clusterctl.cpulist import parse_cpulist
 from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime.registry import Verdict
 
 # srun: error: n2: task 2: Killed | srun: error: n1: tasks 0-1: Exited with exit code 1
 _TASK_LINE = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<ranks>[0-9,\-]+): (?P<what>.+?)\s*$")
@@ -98,22 +99,13 @@ class Facts:
         return {"rank": rank, "host": self.host(rank), "gpu": self.gpus.get(rank), "reason": reason}
 
 
-@dataclass(frozen=True)
-class Blame:
-    code: int
-    message: str
-    culprits: list[dict[str, Any]]
-    victims: list[dict[str, Any]]
-    evidence: dict[str, Any]
-
-
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     # A traceback's last line names the exception; a plain message is its own first line.
     return (lines[-1] if lines and lines[0].startswith("Traceback") else lines[0] if lines else "")[:300]
 
 
-def judge_end(facts: Facts) -> Blame | None:
+def judge_end(facts: Facts) -> Verdict | None:
     """The verdict of an attempt whose ranks failed; None when no rank failed."""
     ended_by: dict[int, TaskEnd] = {}
     for end in facts.srun:
@@ -164,17 +156,18 @@ def judge_end(facts: Facts) -> Blame | None:
     if primary in facts.deaths:
         evidence["died_at"] = facts.deaths[primary]
     more = f" (+{len(order) - 1} more)" if len(order) > 1 else ""
-    return Blame(
+    return Verdict(
+        False,
         int(ExitCode.SCRIPT_FAILED),
         f"rank {primary} on {facts.host(primary)} failed: {culprits[primary]}{more};"
         f" {len(victims)} rank(s) stopped because of it",
         [facts.entry(r, culprits[r]) for r in order],
-        victims,
         evidence,
+        victims,
     )
 
 
-def _lost_node(facts: Facts, ended_by: dict[int, TaskEnd]) -> Blame | None:
+def _lost_node(facts: Facts, ended_by: dict[int, TaskEnd]) -> Verdict | None:
     for node, when in sorted(facts.lost_nodes.items(), key=lambda item: item[1]):
         ranks = [r for r in range(facts.world) if facts.host(r) == node]
         if not ranks:
@@ -187,17 +180,18 @@ def _lost_node(facts: Facts, ended_by: dict[int, TaskEnd]) -> Blame | None:
             for r in range(facts.world)
             if r not in ranks and (r in facts.errors or r in ended_by)
         ]
-        return Blame(
+        return Verdict(
+            False,
             int(ExitCode.NODE_LOST),
             f"node {node} lost: its aggregator and all its {len(ranks)} rank(s) ({ranks[0]}..{ranks[-1]}) vanished at"
             f" once; {len(victims)} rank(s) elsewhere stopped because of it",
             [facts.entry(r, f"node {node} lost") for r in ranks],
-            victims,
             {
                 "node": node,
                 "aggregator_lost_at": when,
                 "srun": [f"{e.node}: task(s) {','.join(map(str, e.ranks))}: {e.what}" for e in facts.srun],
             },
+            victims,
         )
     return None
 

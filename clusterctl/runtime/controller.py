@@ -174,7 +174,7 @@ class Controller:
         server.start()
         return server
 
-    def on_finding(self, finding: Any) -> None:
+    def on_finding(self, finding: registry.Verdict) -> None:
         """The watchdog called a hang or a straggler: record it, dump stacks (hang), stop the ranks."""
         assert self.watch is not None
         self.watch.respond(finding, self.attempt_dir)
@@ -345,15 +345,14 @@ class Controller:
                 final = registry.Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))
                 write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
                 return final.code
-        blame = self.judge_end()
-        if blame is None:
+        final = self.judge_end()
+        if final is None:
             return 0
-        final = registry.Verdict(False, blame.code, blame.message, blame.culprits, blame.evidence, blame.victims)
         write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
         log(final.message)
         return final.code
 
-    def judge_end(self) -> Any:
+    def judge_end(self) -> registry.Verdict | None:
         """Culprits apart from victims (runtime/blame.py), once every rank is done."""
         errors = {
             int(r): self.store.get(registry.error_key(int(r))).decode(errors="replace")

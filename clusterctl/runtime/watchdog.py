@@ -19,7 +19,8 @@ Rules (the README's "Watching a job" section says the same):
   compute time (the part of the step outside collectives) exceeds its peers'
   median by `watchdog.straggler_factor`, or its own median of an earlier
   window by that factor and by that factor more than its peers' own changed
-  (a machine-wide slowdown is nobody's straggler).
+  (a machine-wide slowdown is nobody's straggler) — and stays so for
+  `PERSIST_STEPS` steps, since noise flickers and a slow GPU persists.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime.registry import Verdict
 
 HANG_MULTIPLE = 5.0
 HANG_FLOOR_S = 3.0
 LIVENESS_TIMEOUT_S = 4.0  # beats come every second: four missed in a row
 WARMUP_STEPS = 5
+PERSIST_STEPS = 5  # a straggler must stay one this many steps: noise flickers, a slow GPU persists
 PROGRESS_KINDS = ("phase", "step")
 WAITING_PHASES = ("collective",)
 
@@ -77,17 +80,6 @@ class RankState:
     gone_at: float | None = None
 
 
-@dataclass(frozen=True)
-class Finding:
-    """A verdict the watchdog reached; the controller acts on it and writes verdict.json."""
-
-    code: int
-    message: str
-    culprits: list[dict[str, Any]]
-    victims: list[dict[str, Any]]
-    evidence: dict[str, Any]
-
-
 class Watchdog:
     def __init__(self, world: int, hosts: list[str], gpus_per_node: int, settings: Settings) -> None:
         self.world = world
@@ -98,6 +90,7 @@ class Watchdog:
         self.started: float | None = None
         self.last_progress: float | None = None
         self.gpu_samples: dict[str, dict[str, Any]] = {}  # node -> latest sample per GPU
+        self._suspect: tuple[int, int] | None = None  # (rank, step when first flagged)
 
     # --- input -------------------------------------------------------------------
     def observe(self, msg: dict[str, Any], received: float) -> None:
@@ -166,10 +159,10 @@ class Watchdog:
         derived = min(s.hang_timeout, max(HANG_FLOOR_S, HANG_MULTIPLE * median))
         return derived, f"{HANG_MULTIPLE:g} x the median step time {median:.3g} s (at most watchdog.hang_timeout)"
 
-    def check(self, now: float) -> Finding | None:
+    def check(self, now: float) -> Verdict | None:
         return self.check_hang(now) or self.check_straggler()
 
-    def check_hang(self, now: float) -> Finding | None:
+    def check_hang(self, now: float) -> Verdict | None:
         if self.last_progress is None:
             return self._silent_before_training(now)
         timeout, why = self.hang_timeout()
@@ -179,7 +172,7 @@ class Watchdog:
         culprits, reason = self._hang_culprits(now)
         return self._hang(now, timeout, why, stalled, culprits, reason)
 
-    def _silent_before_training(self, now: float) -> Finding | None:
+    def _silent_before_training(self, now: float) -> Verdict | None:
         """No phases yet (start-up, or a script that reports none): only a rank gone silent is a hang."""
         timeout = self.settings.hang_timeout
         silent = [
@@ -195,7 +188,7 @@ class Watchdog:
 
     def _hang(
         self, now: float, timeout: float, why: str, stalled: float, culprits: list[RankState], reason: str
-    ) -> Finding:
+    ) -> Verdict:
         blamed = {c.rank for c in culprits}
         victims = [r for r in self.ranks if r.rank not in blamed]
         evidence = {
@@ -216,12 +209,13 @@ class Watchdog:
                 f"hang: no progress for {stalled:.1f} s (timeout {timeout:.1f} s) on any rank; no single culprit"
                 " (every rank waits in the same phase)"
             )
-        return Finding(
+        return Verdict(
+            False,
             int(ExitCode.HANG),
             message,
             [self._entry(r, reason) for r in culprits],
-            [self._entry(r, f"waiting in {r.phase} at step {r.step}") for r in victims],
             evidence,
+            [self._entry(r, f"waiting in {r.phase} at step {r.step}") for r in victims],
         )
 
     def _hang_culprits(self, now: float) -> tuple[list[RankState], str]:
@@ -254,7 +248,7 @@ class Watchdog:
                 return behind, f"behind its peers: at step {lowest} in phase {behind[0].phase}, peers at step {highest}"
         return [], ""
 
-    def check_straggler(self) -> Finding | None:
+    def check_straggler(self) -> Verdict | None:
         s = self.settings
         recent: dict[int, float] = {}
         earlier: dict[int, float] = {}
@@ -293,9 +287,15 @@ class Watchdog:
                         f" earlier {earlier[rank]:.3g} s (watchdog.straggler_factor {s.straggler_factor:g})",
                     )
         if worst is None:
+            self._suspect = None
             return None
         ratio, rank, why = worst
         culprit = self.ranks[rank]
+        if self._suspect is None or self._suspect[0] != rank:
+            self._suspect = (rank, culprit.step)
+            return None
+        if culprit.step - self._suspect[1] < PERSIST_STEPS:
+            return None
         evidence: dict[str, Any] = {
             "straggler_factor": s.straggler_factor,
             "window": s.window,
@@ -305,12 +305,13 @@ class Watchdog:
             "step": culprit.step,
         }
         self._add_gpu_evidence(evidence, [culprit])
-        return Finding(
+        return Verdict(
+            False,
             int(ExitCode.STRAGGLER),
             f"straggler: rank {rank} on {culprit.node}: {why}",
             [self._entry(culprit, why)],
-            [self._entry(r, "slowed by the straggler") for r in self.ranks if r.rank != rank],
             evidence,
+            [self._entry(r, "slowed by the straggler") for r in self.ranks if r.rank != rank],
         )
 
     # --- helpers ---------------------------------------------------------------------

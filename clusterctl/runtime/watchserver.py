@@ -29,8 +29,8 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import write_json_atomic
 from clusterctl.runtime import registry
-from clusterctl.runtime.blame import Blame, Facts, TaskEnd, judge_end, parse_srun_lines
-from clusterctl.runtime.watchdog import Finding, Watchdog
+from clusterctl.runtime.blame import Facts, TaskEnd, judge_end, parse_srun_lines
+from clusterctl.runtime.watchdog import Watchdog
 
 CHECK_EVERY_S = 0.25
 MAX_LINE = 1 << 24
@@ -59,7 +59,7 @@ class WatchServer:
         token: str,
         watchdog: Watchdog,
         timeline: Path,
-        on_finding: Callable[[Finding], None],
+        on_finding: Callable[[registry.Verdict], None],
         log: Callable[[str], None] = print,
     ) -> None:
         self.listener = listener
@@ -72,7 +72,7 @@ class WatchServer:
         self.selector = selectors.DefaultSelector()
         self.conns: dict[socket.socket, dict[str, Any]] = {}  # conn -> {node, buffer, greeted}
         self.lost_nodes: dict[str, float] = {}
-        self.finding: Finding | None = None
+        self.finding: registry.Verdict | None = None
         self.armed = False
         self.closing = False
         self._timeline: TextIO = open(timeline, "a", encoding="utf-8")
@@ -122,16 +122,13 @@ class WatchServer:
         return True
 
     # --- acting on a verdict, judging the end ----------------------------------------
-    def respond(self, finding: Finding, attempt_dir: Path) -> registry.Verdict:
+    def respond(self, verdict: registry.Verdict, attempt_dir: Path) -> registry.Verdict:
         """Write the verdict; on a hang, collect the survivors' stacks first; then stop every rank."""
-        verdict = registry.Verdict(
-            False, finding.code, finding.message, finding.culprits, finding.evidence, finding.victims
-        )
         write_json_atomic(attempt_dir / rundir.VERDICT, verdict.as_dict())
-        self.log(finding.message)
-        if finding.code == ExitCode.HANG:
+        self.log(verdict.message)
+        if verdict.code == ExitCode.HANG:
             self.send_all("dump")
-            waiting = [v["rank"] for v in finding.victims]
+            waiting = [v["rank"] for v in verdict.victims]
             deadline = time.monotonic() + DUMP_WAIT_S
             while time.monotonic() < deadline and not all(_written(attempt_dir, r) for r in waiting):
                 time.sleep(0.1)
@@ -144,7 +141,7 @@ class WatchServer:
         self.send_all("kill")
         return verdict
 
-    def judge_end(self, errors: dict[int, str], srun_log: Path, gpus: dict[int, Any]) -> Blame | None:
+    def judge_end(self, errors: dict[int, str], srun_log: Path, gpus: dict[int, Any]) -> registry.Verdict | None:
         """The attempt ended: culprits apart from victims, from srun's task lines, the ranks' errors,
         and what the aggregators saw (when each process ended, which nodes vanished)."""
         if not errors and not self.lost_nodes and not any(e.signalled or e.exit_code for e in _task_ends(srun_log)):
