@@ -709,7 +709,7 @@ def run_drill(
         show(f"injected {what}; waiting up to {timeout:g} s for a verdict")
         outcome = await_outcome(run, attempt, fault, injected_at, timeout, show)
     finally:
-        cleanup(injector, background, victim, show)
+        cleanup(injector, background, victim, show, ended=lambda: _job_active(run, backend, injector.job_id) is False)
     report = judge(fault, target, outcome, injected_at, attempt)
     if factor is not None:
         report["factor"] = factor
@@ -718,7 +718,11 @@ def run_drill(
 
 
 def cleanup(
-    injector: Injector, background: Background | None, victim: tuple[str, list[str]] | None, show: Callable[[str], None]
+    injector: Injector,
+    background: Background | None,
+    victim: tuple[str, list[str]] | None,
+    show: Callable[[str], None],
+    ended: Callable[[], bool] = lambda: False,
 ) -> None:
     """Stop a --slow injector and continue a stopped rank: a drill never leaves a frozen job behind."""
     if background is not None:
@@ -729,7 +733,8 @@ def cleanup(
             injector.once(host, [*who, "--resume"])
             show(f"continued the rank on {host} (SIGCONT)")
         except InjectorFailed as exc:
-            if exc.reason not in ("gone", "token"):  # ended, or its pid now belongs to another process
+            # ended, its pid now belongs to another process, or the verdict ended the whole job: nothing to continue
+            if exc.reason not in ("gone", "token") and not ended():
                 err_console.print(f"warning: could not continue the rank on {host}: {exc.message}")
 
 
