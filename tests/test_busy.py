@@ -77,4 +77,5 @@ def test_a_process_stopped_half_of_the_time_takes_about_twice_as_long() -> None:
             if child.poll() is None:
                 child.kill()
                 child.wait()
-    assert stopped_s > 1.4 * free_s, f"free {free_s:.3f} s, stopped half of the time {stopped_s:.3f} s"
+    # About 2x on a quiet machine; a sleep would give 1x. Other load on two cores narrows it (1.38x seen in CI).
+    assert stopped_s > 1.25 * free_s, f"free {free_s:.3f} s, stopped half of the time {stopped_s:.3f} s"
