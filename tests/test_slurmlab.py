@@ -12,6 +12,7 @@ import pytest
 from clusterctl.job import load_job
 from clusterctl.spec import DEFAULT_PREFLIGHT
 from clusterctl.submit import submit_job
+from test_slurm_submit import lab_spec
 from tests.slurmlab.plugin import SlurmLab, wait_job
 
 pytestmark = pytest.mark.slurm
@@ -139,19 +140,7 @@ def test_default_preflight_passes_the_nic_check_on_the_lab(
 ) -> None:
     """The slurm-lab site describes the NIC the lab's nodes really have, so a job with the default checks runs."""
     monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
-    spec = {
-        "name": "lab-nic",
-        "site": "slurm-lab",
-        "time_limit": "5m",
-        "nodes": 2,
-        "gpus_per_node": 2,
-        "parallel": {"tp": 2},
-        "signal": {"lead_s": 60},
-        "runs_root": str(tmp_path / "runs"),
-        "command": ["true"],
-    }  # no preflight: the defaults
-    path = tmp_path / "job.yaml"
-    path.write_text(json.dumps(spec))
+    path = lab_spec(tmp_path, name="lab-nic", command=["true"])  # no preflight: the defaults
     job = load_job(path)
     assert job.spec.preflight.checks == list(DEFAULT_PREFLIGHT) and "nic" in DEFAULT_PREFLIGHT
     done = submit_job(job, "slurm")
