@@ -36,6 +36,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
 from clusterctl.runtime.watchdog import WARMUP_STEPS
+from clusterctl.runtime.watchserver import DUMP_WAIT_S
 
 EXPECTED = {
     "hang": ExitCode.HANG,
@@ -47,6 +48,7 @@ EXPECTED = {
 NEVER_RAN = {"rendered": "it was never submitted", "dry-run": "it was a dry run", "failed": "its submission failed"}
 PROGRESS_EVERY_S = 5.0
 POLL_S = 0.25
+STACKS_MARGIN_S = 5.0  # beyond the controller's own wait for the survivors' stacks
 INJECT_TIMEOUT_S = 60.0  # one injector run, srun's start-up included
 LOCAL_PREFIX = "local-"  # the local backend shows job N as local-N
 
@@ -442,6 +444,8 @@ def await_outcome(
     while True:
         verdict = _fresh_verdict(path, since)
         if verdict is not None:
+            if fault == "hang" and _int(verdict.get("code")) == int(ExitCode.HANG):
+                verdict = wait_for_stacks(path, since, verdict)
             end = end_event(read_events(run), attempt.number) if fault == "pre-timeout" else None
             return Outcome(verdict, end)
         end = end_event(read_events(run), attempt.number)
@@ -460,6 +464,19 @@ def await_outcome(
             show(f"{elapsed:.0f} s after the injection: no verdict yet")
             shown_at = elapsed
         time.sleep(POLL_S)
+
+
+def wait_for_stacks(path: Path, since: float, verdict: dict[str, Any]) -> dict[str, Any]:
+    """The hang verdict once the controller has collected the survivors' stacks (it rewrites the file).
+
+    Continuing the stopped rank earlier would let it answer the dump request still pending for it,
+    and a drilled hang would then look like a rank that was never stuck.
+    """
+    deadline = time.monotonic() + DUMP_WAIT_S + STACKS_MARGIN_S
+    while "stacks" not in (verdict.get("evidence") or {}) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        verdict = _fresh_verdict(path, since) or verdict
+    return verdict
 
 
 def judge(fault: str, target: Any, outcome: Outcome, injected_at: float, attempt: Attempt) -> dict[str, Any]:
