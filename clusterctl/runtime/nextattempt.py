@@ -1,0 +1,307 @@
+"""The batch script's recovery step: gather the facts, ask runtime/recovery.py, carry it out.
+
+    python -m clusterctl.runtime.nextattempt begin --run-dir D --nodes N
+    python -m clusterctl.runtime.nextattempt after --run-dir D --nodes N --attempt A --code C
+                                              [--srun-exit R] [--signal SIG] [--hosts-file F]
+
+Both print shell assignments (values through shlex.quote) that the batch
+script evals: ACTION (run, restart or exit), HOSTS (the next attempt's nodes)
+and EXIT (the batch script's own exit status). `begin` runs once per job,
+before its first attempt: it stops a cancelled run, records the end of an
+attempt whose batch host died, and picks nodes that avoid the run's culprits
+(a requeued job may land on them). `after` runs after every attempt: it
+records the end and how the run goes on (attempts.jsonl `next`), remembers
+culprit nodes as suspects, and submits the continuation job or requeues.
+Standard library only, besides clusterctl itself: this runs on the batch host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from clusterctl import hostlist, rundir
+from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import RunDir
+from clusterctl.runtime.recovery import Decision, Ended, Fault, Policy, Situation, SlurmEnd, decide, pick_hosts
+
+SLURM_TIMEOUT_S = 20.0  # one sbatch / scontrol call
+JOB_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_")
+KEEP_ENV = ("SLURM_CONF",)  # the site's configuration, not the job's
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} clusterctl: {message}", file=sys.stderr, flush=True)
+
+
+# --- facts -------------------------------------------------------------------------
+def load_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def history(events: list[dict[str, Any]]) -> tuple[tuple[Fault, ...], list[str]]:
+    """Faults counted against the budget since the run was last requeued by hand, and the nodes it avoids."""
+    faults: list[Fault] = []
+    exclude: list[str] = []
+    for e in events:
+        if e.get("event") == rundir.EVENT_REQUEUE:
+            faults = []  # `clusterctl requeue` gives the run a fresh budget
+        if e.get("event") in (rundir.EVENT_NEXT, rundir.EVENT_REQUEUE) and isinstance(e.get("exclude"), list):
+            exclude = [str(h) for h in e["exclude"]]
+        if e.get("event") == rundir.EVENT_NEXT and e.get("counted"):
+            faults.append(Fault(int(e.get("exit", 0)), tuple(e.get("culprit_hosts") or ()), e.get("committed_step"), str(e.get("job_id", ""))))
+    return tuple(faults), exclude
+
+
+def committed_step(run: RunDir, run_json: dict[str, Any]) -> int | None:
+    try:
+        from clusterctl.checkpoint.generations import latest_committed
+
+        found = latest_committed(run.checkpoint_dir(run_json))
+    except Exception:  # noqa: BLE001 - an unreadable directory is "no checkpoint" here, never a crash
+        return None
+    return found.step if found else None
+
+
+def slurm_job(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o` as key=value pairs ({} when it fails)."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
+
+
+def slurm_end(job_id: str, signalled: bool, env: dict[str, str]) -> SlurmEnd:
+    """How Slurm is ending the job. A requeue (preemption with PreemptMode=REQUEUE, scontrol requeue)
+    has already raised Restarts past this run's SLURM_RESTART_COUNT; a scancel leaves it and shows
+    COMPLETING (measured on Slurm 22.05); a signal while still RUNNING is the pre-timeout signal or a
+    preemption's warning."""
+    if not signalled:
+        return "running"
+    job = slurm_job(job_id)
+    if not job:
+        return "running"
+    with contextlib.suppress(ValueError):
+        if int(job.get("Restarts", "0")) > int(env.get("SLURM_RESTART_COUNT") or 0):
+            return "requeued"
+    state = job.get("JobState", "")
+    if state == "PREEMPTED":
+        return "preempted"
+    if state == "TIMEOUT" or job.get("Reason") == "TimeLimit":
+        return "timeout"
+    if state in ("COMPLETING", "CANCELLED"):
+        return "cancelled"
+    return "running"
+
+
+def allocation(env: dict[str, str]) -> list[str]:
+    try:
+        return hostlist.expand(env.get("SLURM_JOB_NODELIST", ""))
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def read_hosts(path: str | None) -> list[str]:
+    if not path:
+        return []
+    try:
+        return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+# --- carrying it out ---------------------------------------------------------------------
+def clean_env(env: dict[str, str]) -> dict[str, str]:
+    """The job's own SLURM_*/SBATCH_* variables would leak into the new job (its node list, its id)."""
+    return {k: v for k, v in env.items() if k in KEEP_ENV or not k.startswith(JOB_ENV_PREFIXES)}
+
+
+def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[str, str]) -> str:
+    argv = ["sbatch", "--parsable", f"--dependency=afterany:{job_id}"]
+    if exclude:
+        argv.append(f"--exclude={hostlist.compress(exclude)}")
+    argv.append(str(run.sbatch))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False, env=clean_env(env), cwd=run.path)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed: {(proc.stderr or proc.stdout).strip() or proc.returncode}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def remember(run: RunDir, run_json: dict[str, Any], decision: Decision, ended: Ended) -> None:
+    """Culprit nodes become suspects of the runs root (excluded by later submissions for a while)."""
+    if not decision.newly_excluded:
+        return
+    try:
+        from clusterctl import suspects
+
+        drain = _site_drain(run)
+        found = [suspects.Suspect(h, ended.reason or f"exit {ended.code}", ended.code, run.path.name, time.time()) for h in decision.newly_excluded]
+        for line in suspects.record(run.path.parent, found, drain):
+            log(line)
+    except Exception as exc:  # noqa: BLE001 - remembering suspects must never stop the run going on
+        log(f"warning: could not record suspect nodes {', '.join(decision.newly_excluded)}: {exc}")
+
+
+def _site_drain(run: RunDir) -> list[str] | None:
+    try:
+        import yaml
+
+        site = yaml.safe_load((run.path / rundir.SITE).read_text()) or {}
+    except Exception:  # noqa: BLE001
+        return None
+    drain = (site.get("reliability") or {}).get("drain_command")
+    return [str(a) for a in drain] if isinstance(drain, list) else None
+
+
+def emit(**values: Any) -> None:
+    """Shell assignments for the batch script's eval: arrays for lists, everything quoted."""
+    for key, value in values.items():
+        if isinstance(value, (list, tuple)):
+            print(f"{key}=({' '.join(shlex.quote(str(v)) for v in value)})")
+        else:
+            print(f"{key}={shlex.quote(str(value))}")
+
+
+def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
+    run_json = load_json(run.run_json)
+    job_id = env.get("SLURM_JOB_ID", "")
+    events = run.events()
+    if (run.path / rundir.CANCEL).exists():
+        run.append_event(rundir.EVENT_NEXT, attempt=0, job_id=job_id, how=rundir.NEXT_STOP, exit=0,
+                         reason="the run was cancelled (clusterctl cancel) before this job started")
+        log("the run was cancelled (clusterctl cancel): not starting")
+        emit(ACTION="exit", EXIT=0)
+        return 0
+    _close_open_attempt(run, events, job_id)
+    faults, exclude = history(events)
+    exclude = list(dict.fromkeys([*(run_json.get("exclude") or []), *exclude]))
+    alloc = allocation(env)
+    picked = pick_hosts(tuple(alloc[:nodes]), tuple(alloc), set(exclude), nodes) if alloc else None
+    if picked is None and alloc:
+        bad = sorted(set(alloc) & set(exclude))
+        why = f"this job's nodes include {', '.join(bad)}, which the run avoids, and too few spares are left"
+        return _carry_out(run, run_json, Decision("continue", 0, 0, why, exclude=exclude), Ended(0), 0, job_id, env, None, [])
+    hosts, replaced = picked if picked else (alloc[:nodes], {})
+    if replaced:
+        log("avoiding " + ", ".join(f"{a} (spare {b} takes its place)" for a, b in replaced.items()))
+    emit(ACTION="run", HOSTS=hosts)
+    return 0
+
+
+def _close_open_attempt(run: RunDir, events: list[dict[str, Any]], job_id: str) -> None:
+    """An attempt that started and never ended lost its batch host (or its job was killed hard): say so."""
+    started = {int(e["attempt"]): e for e in events if e.get("event") == rundir.EVENT_START and str(e.get("attempt", "")).isdigit()}
+    ended = {int(e["attempt"]) for e in events if e.get("event") == rundir.EVENT_END and str(e.get("attempt", "")).isdigit()}
+    for number in sorted(set(started) - ended):
+        old = started[number]
+        run.append_event(
+            rundir.EVENT_END, attempt=number, job_id=old.get("job_id", ""), exit=None, recorded_by=job_id,
+            reason=f"no end was recorded: job {old.get('job_id', '?')}'s batch script died with it"
+            " (its node lost, or the job killed without warning)",
+        )
+
+
+def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
+    run_json = load_json(run.run_json)
+    job_id = env.get("SLURM_JOB_ID", "")
+    attempt_dir = run.attempt(args.attempt)
+    verdict = load_json(attempt_dir / rundir.VERDICT)
+    culprits = [c for c in verdict.get("culprits") or [] if isinstance(c, dict)]
+    code = args.code
+    ended = Ended(
+        code, tuple(dict.fromkeys(str(c["host"]) for c in culprits if c.get("host"))), committed_step(run, run_json),
+        str(verdict.get("message", "")) if not verdict.get("ok", True) else "",
+    )
+    events = run.events()
+    faults, exclude = history(events)
+    exclude = list(dict.fromkeys([*(run_json.get("exclude") or []), *exclude]))
+    situation = Situation(
+        job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, faults, tuple(exclude),
+        slurm_end(job_id, bool(args.signal), env), (run.path / rundir.CANCEL).exists(),
+    )
+    decision = decide(ended, situation, Policy.from_run(run_json))
+    run.append_event(rundir.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,
+                     committed_step=ended.committed_step, **({"verdict": ended.reason} if ended.reason else {}))
+    return _carry_out(run, run_json, decision, ended, args.attempt, job_id, env, args.signal, list(situation.rank_hosts))
+
+
+def _carry_out(
+    run: RunDir, run_json: dict[str, Any], d: Decision, ended: Ended, attempt: int, job_id: str,
+    env: dict[str, str], signal: str | None, hosts_before: list[str],
+) -> int:
+    common: dict[str, Any] = {
+        "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
+        "counted": d.counted, "culprit_hosts": list(ended.culprit_hosts), "committed_step": ended.committed_step,
+    }
+    remember(run, run_json, d, ended)
+    log(d.reason)
+    if d.action == "restart":
+        run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
+        emit(ACTION="restart", HOSTS=d.hosts, EXIT=d.exit_code)
+        return 0
+    if d.action == "continue":
+        try:
+            next_job = submit_continuation(run, job_id, d.exclude, env)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            reason = f"{d.reason}, but the continuation could not be submitted: {exc}"
+            log(reason)
+            run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_STOP, **{**common, "reason": reason})
+            emit(ACTION="exit", EXIT=d.record_code or int(ExitCode.BACKEND_UNAVAILABLE))
+            return 0
+        run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_CONTINUATION, next_job=next_job, **common)
+        log(f"continuation job {next_job} submitted (after this job ends)")
+        if signal and slurm_end(job_id, True, env) == "requeued":  # a preemption's requeue came meanwhile
+            _withdraw(run, next_job, env, common)
+        emit(ACTION="exit", EXIT=d.exit_code)
+        return 0
+    if d.action == "requeue":
+        run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_REQUEUE, **common)
+        emit(ACTION="requeue", EXIT=d.exit_code)
+        return 0
+    how = rundir.NEXT_SLURM if d.reason.startswith("Slurm requeued") else rundir.NEXT_STOP
+    run.append_event(rundir.EVENT_NEXT, how=how, **common)
+    emit(ACTION="exit", EXIT=d.exit_code)
+    return 0
+
+
+def _withdraw(run: RunDir, next_job: str, env: dict[str, str], common: dict[str, Any]) -> None:
+    """Slurm requeued this job while the continuation was being submitted: one job per run, so cancel ours."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["scancel", next_job], env=clean_env(env), capture_output=True, timeout=SLURM_TIMEOUT_S, check=False)
+    run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_SLURM, **{**common, "reason": f"Slurm requeued the job: continuation {next_job} withdrawn"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clusterctl.runtime.nextattempt")
+    parser.add_argument("step", choices=["begin", "after"])
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--attempt", type=int, default=0)
+    parser.add_argument("--code", type=int, default=0)
+    parser.add_argument("--srun-exit", type=int, default=None)
+    parser.add_argument("--signal", default="")
+    parser.add_argument("--hosts-file", default=None)
+    args = parser.parse_args(argv)
+    run = RunDir(Path(args.run_dir))
+    env = dict(os.environ)
+    if args.step == "begin":
+        return begin(run, args.nodes, env)
+    return after(run, args, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""What happens to a run after an attempt ends: the restart policy, as one pure function.
+
+The batch script asks after every attempt (through runtime/nextattempt.py,
+which gathers the facts and carries the decision out). The policy, from the
+exit-code table in the README:
+
+* 0 ends the run; 93 (do not requeue) and 87 stop it; so does a cancel.
+* 85 (pre-timeout or preemption, checkpoint committed) leaves the allocation:
+  the run continues in a new job (continuation, or `scontrol requeue`), never
+  counted against `restart.budget`. When Slurm requeued the job itself
+  (preemption with PreemptMode=REQUEUE, `scontrol requeue`), that requeue is
+  the continuation: nothing more is submitted.
+* Faults (80 rendezvous, 81 preflight, 82 hang, 83 straggler, 84 script,
+  86 node lost) count against the budget. The culprits' nodes are excluded
+  for 81, 82, 83 and 86; for 84 only a node that failed twice in the run.
+  The next attempt starts inside the allocation when enough healthy nodes
+  are left (spares replace excluded nodes, the others keep their place),
+  else in a new job that excludes them. 80 restarts in the allocation once
+  per job, then moves on.
+* A fault that repeats the previous one (same code, same culprit nodes) with
+  no newer committed checkpoint in between stops the run with 87: restarting
+  would only fail again. (Not 80: its rule is once here, then a new job.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from clusterctl.exitcodes import ExitCode
+
+FAULTS = frozenset({
+    ExitCode.RENDEZVOUS_FAILED, ExitCode.PREFLIGHT_FAILED, ExitCode.HANG, ExitCode.STRAGGLER,
+    ExitCode.SCRIPT_FAILED, ExitCode.NODE_LOST,
+})
+EXCLUDE_CULPRITS = frozenset({ExitCode.PREFLIGHT_FAILED, ExitCode.HANG, ExitCode.STRAGGLER, ExitCode.NODE_LOST})
+
+Action = Literal["restart", "continue", "requeue", "stop"]
+# How Slurm ended the job around us, as the batch script saw it (see nextattempt.slurm_end).
+SlurmEnd = Literal["running", "cancelled", "requeued", "preempted", "timeout"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    budget: int = 3
+    mode: Literal["continuation", "requeue", "none"] = "continuation"
+    in_allocation: bool = True
+
+    @classmethod
+    def from_run(cls, run: dict[str, Any]) -> Policy:
+        r = run.get("restart") or {}
+        return cls(int(r.get("budget", cls.budget)), r.get("mode", cls.mode), bool(r.get("in_allocation", True)))
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The attempt that just ended."""
+
+    code: int
+    culprit_hosts: tuple[str, ...] = ()  # the verdict's culprits' nodes, primary first
+    committed_step: int | None = None  # newest committed checkpoint when it ended
+    reason: str = ""  # the verdict's message, for the record
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An earlier fault of the run, read back from attempts.jsonl."""
+
+    code: int
+    hosts: tuple[str, ...]
+    committed_step: int | None
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Situation:
+    """Everything the decision needs besides the ended attempt."""
+
+    job_id: str
+    allocation: tuple[str, ...]  # every node of this job, in Slurm's order
+    rank_hosts: tuple[str, ...]  # the nodes the ended attempt ran on, in slot order
+    nodes: int  # how many nodes an attempt needs
+    faults: tuple[Fault, ...] = ()  # earlier faults of the run, oldest first
+    excluded: tuple[str, ...] = ()  # nodes the run already avoids (earlier culprits, the spec's, the user's)
+    slurm_end: SlurmEnd = "running"
+    cancel_requested: bool = False
+
+
+@dataclass
+class Decision:
+    action: Action
+    exit_code: int  # the batch script's own exit status
+    record_code: int  # the code the run's history records for the attempt
+    reason: str
+    hosts: list[str] = field(default_factory=list)  # restart: the next attempt's nodes, slot order
+    replaced: dict[str, str] = field(default_factory=dict)  # restart: excluded node -> the node taking its slot
+    exclude: list[str] = field(default_factory=list)  # every node the run now avoids
+    newly_excluded: list[str] = field(default_factory=list)  # blamed by this attempt: remembered as suspects
+    counted: bool = False  # a fault restart, counted against restart.budget
+
+
+def blamed(ended: Ended, faults: tuple[Fault, ...]) -> list[str]:
+    """The nodes this attempt's fault excludes: culprits of 81/82/83/86; a node failing a script twice."""
+    if ended.code in EXCLUDE_CULPRITS:
+        return list(dict.fromkeys(h for h in ended.culprit_hosts if h))
+    if ended.code == ExitCode.SCRIPT_FAILED and ended.culprit_hosts:
+        before = {h for f in faults if f.code == ExitCode.SCRIPT_FAILED for h in f.hosts}
+        return [h for h in dict.fromkeys(ended.culprit_hosts) if h in before]
+    return []
+
+
+def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: set[str], nodes: int) -> tuple[list[str], dict[str, str]] | None:
+    """`nodes` healthy nodes of the allocation: untouched nodes keep their slots, spares fill the rest."""
+    current = list(rank_hosts[:nodes]) or list(allocation[:nodes])
+    spares = [h for h in allocation if h not in avoid and h not in current]
+    picked: list[str] = []
+    replaced: dict[str, str] = {}
+    for host in current:
+        if host not in avoid:
+            picked.append(host)
+        elif spares:
+            replaced[host] = spares.pop(0)
+            picked.append(replaced[host])
+        else:
+            return None
+    while len(picked) < nodes:  # the ended attempt ran on fewer nodes (it never started)
+        if not spares:
+            return None
+        picked.append(spares.pop(0))
+    return picked, replaced
+
+
+def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
+    code = ended.code
+    exclude = list(dict.fromkeys(s.excluded))
+    if s.cancel_requested or s.slurm_end == "cancelled":
+        who = "clusterctl cancel" if s.cancel_requested else "the job was cancelled (scancel)"
+        return Decision("stop", code, code, f"{who}: the run stops", exclude=exclude)
+    if code == ExitCode.OK:
+        return Decision("stop", 0, 0, "training finished", exclude=exclude)
+    if s.slurm_end == "requeued":
+        return Decision("stop", 0, code, "Slurm requeued the job: its next start continues the run", exclude=exclude)
+    if code == ExitCode.DO_NOT_REQUEUE:
+        return Decision("stop", code, code, "the job asked not to be requeued (exit 93)", exclude=exclude)
+    if code == ExitCode.PRE_TIMEOUT or s.slurm_end in ("preempted", "timeout"):
+        return _leave(Decision("continue", 0, int(ExitCode.PRE_TIMEOUT), "", exclude=exclude), policy,
+                      "stopped before the time limit or a preemption with its checkpoint committed")
+    if code not in FAULTS:
+        return Decision("stop", code, code, f"exit {code} is not one a restart can help", exclude=exclude)
+
+    newly = [h for h in blamed(ended, s.faults) if h not in exclude]
+    exclude += newly
+    what = f"exit {code}" + (f" ({ended.reason})" if ended.reason else "")
+    if policy.mode == "none":
+        return Decision("stop", code, code, f"{what}; restart.mode is none", exclude=exclude, newly_excluded=newly)
+    previous = s.faults[-1] if s.faults else None
+    if (
+        previous is not None and previous.code == code and code != ExitCode.RENDEZVOUS_FAILED and set(previous.hosts) == set(ended.culprit_hosts)
+        and (ended.committed_step or -1) <= (previous.committed_step or -1)
+    ):
+        step = "no checkpoint" if ended.committed_step is None else f"the checkpoint of step {ended.committed_step}"
+        return Decision(
+            "stop", int(ExitCode.BUDGET_EXHAUSTED), int(ExitCode.BUDGET_EXHAUSTED),
+            f"{what} twice in a row with no progress (still {step}): restarting would fail again",
+            exclude=exclude, newly_excluded=newly,
+        )
+    if len(s.faults) >= policy.budget:
+        return Decision(
+            "stop", int(ExitCode.BUDGET_EXHAUSTED), int(ExitCode.BUDGET_EXHAUSTED),
+            f"{what}; restart.budget {policy.budget} is spent ({len(s.faults)} fault restarts so far)",
+            exclude=exclude, newly_excluded=newly,
+        )
+    rendezvous_again = code == ExitCode.RENDEZVOUS_FAILED and any(
+        f.code == ExitCode.RENDEZVOUS_FAILED and f.job_id == s.job_id for f in s.faults
+    )
+    if policy.in_allocation and not rendezvous_again:
+        picked = pick_hosts(s.rank_hosts, s.allocation, set(exclude), s.nodes)
+        if picked is not None:
+            hosts, replaced = picked
+            how = ", ".join(f"{a} -> {b}" for a, b in replaced.items())
+            return Decision(
+                "restart", code, code, f"{what}; restarting in the allocation" + (f" ({how})" if how else ""),
+                hosts=hosts, replaced=replaced, exclude=exclude, newly_excluded=newly, counted=True,
+            )
+        why = f"{what}; too few healthy nodes left in the allocation"
+    elif rendezvous_again:
+        why = f"{what}; the rendezvous already failed once in this job"
+    else:
+        why = f"{what}; restart.in_allocation is off"
+    decision = Decision("continue", code, code, "", exclude=exclude, newly_excluded=newly, counted=True)
+    return _leave(decision, policy, why)
+
+
+def _leave(decision: Decision, policy: Policy, why: str) -> Decision:
+    """The run goes on in a new job, as restart.mode says (or stops when it says none)."""
+    if policy.mode == "none":
+        decision.action, decision.exit_code = "stop", decision.record_code
+        decision.reason = f"{why}; restart.mode is none"
+    else:
+        decision.action = "continue" if policy.mode == "continuation" else "requeue"
+        decision.reason = f"{why}; continuing in a new job" if policy.mode == "continuation" else f"{why}; requeueing the job"
+    return decision
