@@ -19,7 +19,7 @@ from typing import Any
 
 import jinja2
 
-from clusterctl import envnames, rundir
+from clusterctl import envnames, hostlist, rundir
 from clusterctl.binding import VISIBILITY_VAR, binding_table
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
@@ -83,6 +83,11 @@ def controller_argv(python: str, standalone: bool) -> list[str]:
 def aggregator_argv(python: str, standalone: bool) -> list[str]:
     """The node aggregators' command (none in standalone mode: no controller takes their batches)."""
     return [] if standalone else [python, "-m", "clusterctl.runtime.aggregator"]
+
+
+def recovery_argv(python: str, standalone: bool) -> list[str]:
+    """The batch script's recovery step (none in standalone mode: each job runs one attempt)."""
+    return [] if standalone else [python, "-m", "clusterctl.runtime.nextattempt"]
 
 
 def launcher_argv(plan: Plan, python: str, standalone: bool) -> list[str]:
@@ -169,6 +174,7 @@ def render_run(
         "srun_extra": srun_extra,
         "controller_argv": controller_argv(python, standalone),
         "aggregator_argv": aggregator_argv(python, standalone),
+        "recovery_argv": recovery_argv(python, standalone),
         "srun_log": rundir.SRUN_LOG,
         "passthrough_codes": [int(c) for c in PASSTHROUGH],
         "fnv_offset": FNV_OFFSET,
@@ -237,6 +243,7 @@ def build_run_json(
         "world_size": plan.world_size,
         "nodes": plan.nodes,
         "spares": spec.spares,
+        "exclude": [node for expr in spec.topology.exclude for node in hostlist.expand(expr)],
         "gpus_per_node": plan.gpus_per_node,
         "parallel": {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "dp": layout.dp, "pp": layout.pp, "vpp": plan.dims.vpp},
         "rank_order": "tp-cp-ep-dp-pp",

@@ -5,8 +5,11 @@
       run.json                 the static plan (small at any scale)
       job.sbatch, wrapper.sh   rendered scripts
       code/                    git revision + uncommitted diff of the submitting tree
-      attempts.jsonl           attempt start/end events (written by the batch script)
+      attempts.jsonl           the run's history, one event per line (EVENT_*): each attempt's start
+                               and end, signals, and how the run went on after an attempt (`next`:
+                               in the allocation, continuation job J, requeue, stop)
       state.json               submission state: rendered, submitted (job id), failed (reason)
+      cancel.json              `clusterctl cancel` was asked: no attempt starts, nothing continues
       attempt-<N>/
         attempt.json           job id, attempt, token, master addr/port, nodes
         manifest.json          every rank's registration
@@ -49,7 +52,24 @@ SRUN_LOG = "srun.log"
 STACKS = "stacks"
 NCCL_TRACE_PREFIX = "nccl-trace-rank"  # + rank: the NCCL flight recorder's dump (torch names it)
 NCCL_PIPE_PREFIX = "nccl-pipe-rank"  # + rank + .pipe: writing to it asks for that dump
+CANCEL = "cancel.json"
 METRICS = "metrics.jsonl"  # per-step records of rank 0: step, loss, step time, tokens/s, validation
+
+
+# attempts.jsonl events. The batch script writes start, end and signal; runtime/nextattempt.py
+# writes end and next once it has decided (in the shell's place) and `clusterctl cancel`/`requeue`
+# write theirs. `next` says how the run goes on after an attempt (NEXT_*).
+EVENT_START = "start"
+EVENT_END = "end"
+EVENT_SIGNAL = "signal"
+EVENT_NEXT = "next"
+EVENT_CANCEL = "cancel"
+EVENT_REQUEUE = "requeue"  # `clusterctl requeue` continued the run by hand
+NEXT_ALLOCATION = "allocation"  # a new attempt inside the same allocation
+NEXT_CONTINUATION = "continuation"  # a new job (next_job), submitted before this one ended
+NEXT_REQUEUE = "requeue"  # scontrol requeue of this job
+NEXT_SLURM = "slurm"  # Slurm requeued the job itself (preemption, scontrol requeue from outside)
+NEXT_STOP = "stop"  # the run stops here (exit says why)
 
 
 def new_run_id(name: str, now: float | None = None) -> str:
@@ -92,6 +112,42 @@ class RunDir:
             if suffix.isdigit():
                 found.append(int(suffix))
         return sorted(found)
+
+    @property
+    def events_file(self) -> Path:
+        return self.path / ATTEMPTS
+
+    def events(self) -> list[dict[str, Any]]:
+        """attempts.jsonl, oldest first; a torn or foreign line is skipped."""
+        found: list[dict[str, Any]] = []
+        try:
+            text = self.events_file.read_text(errors="replace")
+        except OSError:
+            return found
+        for line in text.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                found.append(event)
+        return found
+
+    def append_event(self, event: str, **fields: Any) -> dict[str, Any]:
+        """One line, one write with O_APPEND: concurrent writers (the batch script too) never tear lines."""
+        record = {"event": event, **fields}
+        record.setdefault("time", int(time.time()))
+        data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return record
+
+    def checkpoint_dir(self, run_json: dict[str, Any]) -> Path:
+        """Where the run's checkpoints live: the spec's checkpoint.dir, else <run>/checkpoints."""
+        return Path((run_json.get("checkpoint") or {}).get("dir") or self.path / CHECKPOINTS)
 
     def read_state(self) -> dict[str, Any]:
         try:
