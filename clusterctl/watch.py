@@ -49,8 +49,26 @@ def progress(run: RunDir) -> str:
     return text
 
 
+def continued_as(run: RunDir, job_id: str) -> str | None:
+    """The job that continues the run after `job_id` ended (the batch script's `next` event), if any."""
+    job = None
+    for event in run.events():
+        if event.get("event") == rundir.EVENT_NEXT and str(event.get("job_id")) == str(job_id):
+            job = str(event["next_job"]) if event.get("how") == rundir.NEXT_CONTINUATION and event.get("next_job") else None
+    return job
+
+
+def run_exit(run: RunDir) -> int | None:
+    """The run's exit code so far: the latest `end` or `next` event that states one."""
+    code = None
+    for event in run.events():
+        if event.get("event") in (rundir.EVENT_END, rundir.EVENT_NEXT) and isinstance(event.get("exit"), int):
+            code = event["exit"]
+    return code
+
+
 def follow(backend: Backend, job_id: str, run: RunDir, show: Callable[[str], None], every_s: float = 1.0) -> Outcome:
-    """Poll until the job ends; `show` receives a progress line whenever it changes."""
+    """Poll until the run stops, following its continuation jobs; `show` gets each changed progress line."""
     shown = ""
     info: JobInfo | None = None
     while True:
@@ -60,7 +78,12 @@ def follow(backend: Backend, job_id: str, run: RunDir, show: Callable[[str], Non
             show(line)
             shown = line
         if info is None or info.finished:
-            break
+            nxt = continued_as(run, job_id)
+            if nxt is None:
+                break
+            show(f"job {backend.display_id(job_id)} ended; the run continues as job {backend.display_id(nxt)}")
+            job_id = nxt
+            continue
         time.sleep(every_s)
     attempts = run.attempts()
     verdict = None
@@ -69,9 +92,9 @@ def follow(backend: Backend, job_id: str, run: RunDir, show: Callable[[str], Non
         if path.exists():
             verdict = json.loads(path.read_text())
     code = info.exit_code if info else None
-    end = last_line(run.path / rundir.ATTEMPTS)
-    if end and end.get("event") == "end":
-        code = int(end.get("exit", code or 0))
+    recorded = run_exit(run)
+    if recorded is not None:
+        code = recorded
     summary = f"job {backend.display_id(job_id)} {info.state if info else 'gone'} with exit code {code}"
     if verdict and not verdict.get("ok", True):
         summary += f": {verdict['message']}"

@@ -5,7 +5,7 @@
                                               [--srun-exit R] [--signal SIG] [--hosts-file F]
 
 Both print shell assignments (values through shlex.quote) that the batch
-script evals: ACTION (run, restart or exit), HOSTS (the next attempt's nodes)
+script evals: ACTION (run, restart, requeue or exit), NEXT_HOSTS (the next attempt's nodes)
 and EXIT (the batch script's own exit status). `begin` runs once per job,
 before its first attempt: it stops a cancelled run, records the end of an
 attempt whose batch host died, and picks nodes that avoid the run's culprits
@@ -198,7 +198,7 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
     hosts, replaced = picked if picked else (alloc[:nodes], {})
     if replaced:
         log("avoiding " + ", ".join(f"{a} (spare {b} takes its place)" for a, b in replaced.items()))
-    emit(ACTION="run", HOSTS=hosts)
+    emit(ACTION="run", NEXT_HOSTS=hosts)
     return 0
 
 
@@ -251,7 +251,7 @@ def _carry_out(
     log(d.reason)
     if d.action == "restart":
         run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
-        emit(ACTION="restart", HOSTS=d.hosts, EXIT=d.exit_code)
+        emit(ACTION="restart", NEXT_HOSTS=d.hosts, EXIT=d.exit_code)
         return 0
     if d.action == "continue":
         try:
