@@ -45,7 +45,7 @@ def test_slurm_requeue_and_cancel_submit_nothing() -> None:
     assert requeued.action == "stop" and requeued.exit_code == 0
     for ended in (Ended(ExitCode.PRE_TIMEOUT), Ended(ExitCode.SCRIPT_FAILED, ("n1",))):
         assert decide(ended, situation(slurm_end="cancelled"), Policy()).action == "stop"
-        assert decide(ended, situation(cancel_requested=True), Policy()).action == "stop"
+        assert decide(ended, situation(cancel_by="clusterctl cancel"), Policy()).action == "stop"
 
 
 def test_the_budget_counts_faults_and_then_stops_with_87() -> None:

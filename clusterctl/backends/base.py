@@ -34,8 +34,9 @@ class Backend(ABC):
         """Raise ClusterctlError (exit 69) when the backend cannot take jobs; called before anything is written."""
 
     @abstractmethod
-    def submit(self, script: Path, workdir: Path) -> Submission:
-        """Submit the batch script; raise ClusterctlError with the scheduler's own reason."""
+    def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
+        """Submit the batch script (sbatch `options` override its #SBATCH lines); raise ClusterctlError
+        with the scheduler's own reason."""
 
     @abstractmethod
     def info(self, job_id: str) -> JobInfo | None:
@@ -44,6 +45,10 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, job_id: str) -> None:
         """Cancel the job (all its steps)."""
+
+    @abstractmethod
+    def signal(self, job_id: str, sig: str) -> None:
+        """Send signal `sig` (USR2, TERM: no SIG prefix) to the job's batch shell, as --signal=B: would."""
 
     def display_id(self, job_id: str) -> str:
         """The job's id as messages, state.json and the user show it; info() and cancel() take it too.

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
 from clusterctl.backends.base import Backend, JobInfo, Submission
 from clusterctl.backends.localslurm import STATE_ENV
-from clusterctl.backends.localslurm.control import ControlError, cancel_job
+from clusterctl.backends.localslurm.control import ControlError, cancel_job, find, signal_job
 from clusterctl.backends.localslurm.records import JobRecord, SubmitError, state_root, submit
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -80,9 +81,9 @@ class LocalBackend(Backend):
                 ExitCode.BACKEND_UNAVAILABLE,
             ) from None
 
-    def submit(self, script: Path, workdir: Path) -> Submission:
+    def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
         try:
-            job_id = submit(script, workdir, env=self._env(), python=sys.executable)
+            job_id = submit(script, workdir, options=list(options or []), env=self._env(), python=sys.executable)
         except SubmitError as exc:
             raise ClusterctlError(f"the local backend rejected the job: {exc}", ExitCode.BAD_CONFIG) from None
         return Submission(job_id=str(job_id), backend=self.name)
@@ -119,3 +120,15 @@ class LocalBackend(Backend):
             cancel_job(self.root, number)
         except ControlError as exc:
             raise ClusterctlError(f"cannot cancel job {display_id(number)}: {exc}", ExitCode.USAGE) from None
+
+    def signal(self, job_id: str, sig: str) -> None:
+        number = native_id(str(job_id))
+        try:
+            if number is None:
+                raise ControlError(f"{job_id!r} is not a local job id (local jobs are {ID_PREFIX}N)")
+            find(self.root, number)  # signal_job, as scancel does, says nothing about an unknown job
+            signal_job(self.root, number, int(signal.Signals[f"SIG{sig}"]), batch=True)
+        except (ControlError, KeyError) as exc:
+            raise ClusterctlError(
+                f"cannot signal job {display_id(job_id)} (state directory {self.root}): {exc}", ExitCode.BACKEND_UNAVAILABLE
+            ) from None

@@ -56,8 +56,8 @@ class SlurmBackend(Backend):
             if shutil.which(tool) is None:
                 _run([tool])  # raises the clear message
 
-    def submit(self, script: Path, workdir: Path) -> Submission:
-        out = _run(["sbatch", "--parsable", str(script)], cwd=workdir)
+    def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
+        out = _run(["sbatch", "--parsable", *(options or []), str(script)], cwd=workdir)
         if out.returncode != 0:
             reason = slurm_reason(out.stderr)
             code = ExitCode.BACKEND_UNAVAILABLE if UNREACHABLE.search(out.stderr) else ExitCode.BAD_CONFIG
@@ -80,6 +80,13 @@ class SlurmBackend(Backend):
         out = _run(["scancel", job_id])
         if out.returncode != 0:
             raise ClusterctlError(f"scancel {job_id} failed: {slurm_reason(out.stderr)}", ExitCode.BACKEND_UNAVAILABLE)
+
+    def signal(self, job_id: str, sig: str) -> None:
+        out = _run(["scancel", f"--signal={sig}", "--batch", job_id])
+        if out.returncode != 0:
+            raise ClusterctlError(
+                f"scancel --signal={sig} --batch {job_id} failed: {slurm_reason(out.stderr)}", ExitCode.BACKEND_UNAVAILABLE
+            )
 
 
 _FIELD = re.compile(r"(\w+)=(\S*)")

@@ -35,6 +35,7 @@ from clusterctl.cpulist import format_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
+from clusterctl.cli.runarg import resolve_run
 from clusterctl.runtime.watchdog import WARMUP_STEPS
 from clusterctl.runtime.watchserver import DUMP_WAIT_S
 
@@ -56,19 +57,6 @@ LOCAL_PREFIX = "local-"  # the local backend shows job N as local-N
 # --- the run ----------------------------------------------------------------------
 
 
-def resolve_run(arg: str) -> RunDir:
-    """A run directory path, else a run id under ./runs (the default runs root)."""
-    given = Path(arg).expanduser()
-    path = given if given.exists() else Path.cwd() / "runs" / arg
-    if not path.is_dir():
-        raise ClusterctlError(
-            f"no run {arg!r}: neither a directory nor a run id under {Path.cwd() / 'runs'}", ExitCode.USAGE
-        )
-    if not (path / rundir.STATE).is_file() and not (path / rundir.RUN_JSON).is_file():
-        raise ClusterctlError(f"{path} is not a run directory (no {rundir.STATE} or {rundir.RUN_JSON})", ExitCode.USAGE)
-    return RunDir(path)
-
-
 def load_json(path: Path) -> dict[str, Any] | None:
     """A JSON file, or None while it is missing or being written."""
     try:
@@ -78,24 +66,9 @@ def load_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_events(run: RunDir) -> list[dict[str, Any]]:
-    """attempts.jsonl, skipping a line still being written."""
-    try:
-        text = (run.path / rundir.ATTEMPTS).read_text(errors="replace")
-    except OSError:
-        return []
-    events = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict):
-                events.append(event)
-    return events
-
-
 def end_event(events: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
     for event in events:
-        if event.get("event") == "end" and _int(event.get("attempt")) == attempt:
+        if event.get("event") == rundir.EVENT_END and _int(event.get("attempt")) == attempt:
             return event
     return None
 
@@ -168,7 +141,7 @@ def wait_for_attempt(run: RunDir, backend: str, timeout: float, show: Callable[[
                 ExitCode.BACKEND_UNAVAILABLE,
             )
         numbers = [n for n in run.attempts() if (run.attempt(n) / rundir.ATTEMPT_JSON).is_file()]
-        events = read_events(run)
+        events = run.events()
         elapsed = time.monotonic() - start
         if numbers:
             n = numbers[-1]
@@ -177,7 +150,10 @@ def wait_for_attempt(run: RunDir, backend: str, timeout: float, show: Callable[[
         else:
             n, info, job_id = 0, {}, str(state.get("job_id") or "")
         end = end_event(events, n) if n else None
-        stopped = any(e.get("event") == "stop" for e in events if (_int(e.get("attempt")) or 0) >= n)
+        stopped = any(
+            e.get("event") == rundir.EVENT_NEXT and e.get("how") == rundir.NEXT_STOP
+            for e in events if (_int(e.get("attempt")) or 0) >= n
+        )
         if n and end is None and not stopped:
             manifest = load_json(run.attempt(n) / rundir.MANIFEST)
             if manifest is not None:
@@ -446,9 +422,9 @@ def await_outcome(
         if verdict is not None:
             if fault == "hang" and _int(verdict.get("code")) == int(ExitCode.HANG):
                 verdict = wait_for_stacks(path, since, verdict)
-            end = end_event(read_events(run), attempt.number) if fault == "pre-timeout" else None
+            end = end_event(run.events(), attempt.number) if fault == "pre-timeout" else None
             return Outcome(verdict, end)
-        end = end_event(read_events(run), attempt.number)
+        end = end_event(run.events(), attempt.number)
         newer = [n for n in run.attempts() if n > attempt.number and (run.attempt(n) / rundir.ATTEMPT_JSON).is_file()]
         if end is not None or newer:
             verdict = _fresh_verdict(path, since)  # written just before the batch script recorded the end
@@ -757,37 +733,15 @@ def cleanup(
 
 def send_pre_timeout(backend: str, job_id: str, sig: str) -> None:
     """The job's pre-timeout signal to its batch shell, as Slurm's --signal=B: would send it."""
-    if backend == "slurm":
-        if shutil.which("scancel") is None:
-            raise ClusterctlError("scancel is not on PATH", ExitCode.BACKEND_UNAVAILABLE)
-        proc = subprocess.run(
-            ["scancel", f"--signal={sig}", "--batch", job_id], env=injector_env(backend), capture_output=True,
-            text=True, timeout=INJECT_TIMEOUT_S, check=False,
-        )
-        if proc.returncode != 0:
-            raise ClusterctlError(
-                f"scancel --signal={sig} --batch {job_id} failed: {proc.stderr.strip() or proc.returncode}",
-                ExitCode.BACKEND_UNAVAILABLE,
-            )
-        return
-    from clusterctl.backends.localslurm.control import ControlError, find, signal_job
-    from clusterctl.backends.localslurm.records import state_root
+    from clusterctl.backends import get_backend
 
-    root = state_root()
-    try:
-        find(root, job_id)  # signal_job, as scancel does, says nothing about an unknown job
-        signal_job(root, job_id, int(signal.Signals[f"SIG{sig}"]), batch=True)
-    except (ControlError, KeyError) as exc:
-        raise ClusterctlError(
-            f"cannot signal local job {LOCAL_PREFIX}{job_id} (state directory {root}): {exc}",
-            ExitCode.BACKEND_UNAVAILABLE,
-        ) from None
+    get_backend(backend).signal(job_id, sig)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("drill")
     def drill(
-        run: Annotated[str, typer.Argument(help="run directory, or a run id under ./runs", show_default=False)],
+        run: Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)],
         hang: Annotated[Optional[int], typer.Option("--hang", metavar="RANK", help="SIGSTOP a rank")] = None,
         slow: Annotated[
             Optional[str], typer.Option("--slow", metavar="RANK:FACTOR", help="run a rank FACTOR times slower")

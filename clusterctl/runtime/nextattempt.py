@@ -108,6 +108,14 @@ def slurm_end(job_id: str, signalled: bool, env: dict[str, str]) -> SlurmEnd:
     return "running"
 
 
+def cancelled_by(run: RunDir) -> str:
+    """Who asked the whole run to stop (rundir.CANCEL), or ""."""
+    path = run.path / rundir.CANCEL
+    if not path.exists():
+        return ""
+    return str(load_json(path).get("by") or "clusterctl cancel")
+
+
 def allocation(env: dict[str, str]) -> list[str]:
     try:
         return hostlist.expand(env.get("SLURM_JOB_NODELIST", ""))
@@ -180,10 +188,11 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
     run_json = load_json(run.run_json)
     job_id = env.get("SLURM_JOB_ID", "")
     events = run.events()
-    if (run.path / rundir.CANCEL).exists():
+    who = cancelled_by(run)
+    if who:
         run.append_event(rundir.EVENT_NEXT, attempt=0, job_id=job_id, how=rundir.NEXT_STOP, exit=0,
-                         reason="the run was cancelled (clusterctl cancel) before this job started")
-        log("the run was cancelled (clusterctl cancel): not starting")
+                         reason=f"stopped by {who} before this job started")
+        log(f"the run was stopped by {who}: not starting")
         emit(ACTION="exit", EXIT=0)
         return 0
     _close_open_attempt(run, events, job_id)
@@ -231,7 +240,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     exclude = list(dict.fromkeys([*(run_json.get("exclude") or []), *exclude]))
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, faults, tuple(exclude),
-        slurm_end(job_id, bool(args.signal), env), (run.path / rundir.CANCEL).exists(),
+        slurm_end(job_id, bool(args.signal), env), cancelled_by(run),
     )
     decision = decide(ended, situation, Policy.from_run(run_json))
     run.append_event(rundir.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,

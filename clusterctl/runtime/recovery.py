@@ -83,7 +83,7 @@ class Situation:
     faults: tuple[Fault, ...] = ()  # earlier faults of the run, oldest first
     excluded: tuple[str, ...] = ()  # nodes the run already avoids (earlier culprits, the spec's, the user's)
     slurm_end: SlurmEnd = "running"
-    cancel_requested: bool = False
+    cancel_by: str = ""  # who asked the run to stop (rundir.CANCEL), e.g. "clusterctl cancel"
 
 
 @dataclass
@@ -133,9 +133,9 @@ def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: 
 def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
     code = ended.code
     exclude = list(dict.fromkeys(s.excluded))
-    if s.cancel_requested or s.slurm_end == "cancelled":
-        who = "clusterctl cancel" if s.cancel_requested else "the job was cancelled (scancel)"
-        return Decision("stop", code, code, f"{who}: the run stops", exclude=exclude)
+    if s.cancel_by or s.slurm_end == "cancelled":
+        who = s.cancel_by or "the job was cancelled (scancel)"
+        return Decision("stop", code, code, f"stopped by {who}", exclude=exclude)
     if code == ExitCode.OK:
         return Decision("stop", 0, 0, "training finished", exclude=exclude)
     if s.slurm_end == "requeued":

@@ -1,0 +1,43 @@
+"""RUN on the command line: a run directory, a run id under ./runs, or one of the run's job ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clusterctl import rundir
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import RunDir
+
+RUNS = "runs"  # the default runs root, relative to where clusterctl runs
+
+
+def _is_run(path: Path) -> bool:
+    return (path / rundir.STATE).is_file() or (path / rundir.RUN_JSON).is_file()
+
+
+def _by_job(job: str, root: Path) -> Path | None:
+    """The run under `root` that has had job `job` (submitted, continued or requeued into it)."""
+    from clusterctl.runcontrol import run_jobs
+
+    native = job.removeprefix("local-")
+    if not native.isdigit() or not root.is_dir():
+        return None
+    found = [p for p in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) if _is_run(p) and native in run_jobs(RunDir(p))]
+    return found[0] if found else None
+
+
+def resolve_run(arg: str) -> RunDir:
+    """A run directory path, a run id under ./runs, or a job id of a run under ./runs."""
+    root = Path.cwd() / RUNS
+    given = Path(arg).expanduser()
+    path = given if given.exists() else root / arg
+    if not path.is_dir():
+        path = _by_job(arg, root) or path
+    if not path.is_dir():
+        raise ClusterctlError(
+            f"no run {arg!r}: neither a directory, a run id under {root}, nor a job id of a run there", ExitCode.USAGE
+        )
+    if not _is_run(path):
+        raise ClusterctlError(f"{path} is not a run directory (no {rundir.STATE} or {rundir.RUN_JSON})", ExitCode.USAGE)
+    return RunDir(path)

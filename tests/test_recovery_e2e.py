@@ -1,0 +1,232 @@
+"""Recovery without a human, end to end: torch ranks, faults from outside, the run's own record.
+
+Each case submits the reference trainer (2 ranks: 2 nodes x 1 GPU, a tiny
+model, a checkpoint every 10 steps) on the local backend and on the real
+Slurm test cluster, injects a fault with `clusterctl drill` (or scancel,
+or `clusterctl cancel`), and asserts what a user checks afterwards: how the
+next attempt began (attempts.jsonl `next`), on which nodes, from which step
+it resumed, what Slurm says about the job, and that nothing is left queued.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import BACKEND_SITES
+
+from clusterctl import rundir
+from clusterctl.backends import get_backend
+from clusterctl.exitcodes import ExitCode
+from clusterctl.job import load_job
+from clusterctl.runcontrol import run_jobs
+from clusterctl.rundir import RunDir
+from clusterctl.submit import Submitted, submit_job
+from helpers import cli
+
+INTERVAL = 10  # checkpoint.interval, steps
+
+
+def submit(backend: str, tmp_path: Path, name: str, steps: int = 60, **extra: Any) -> Submitted:
+    spec = {
+        "name": name,
+        "site": BACKEND_SITES[backend],
+        "time_limit": "20m",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "runs_root": str(tmp_path / "runs"),
+        "checkpoint": {"interval": INTERVAL},
+        "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64},
+        "seq_len": 16,
+        "batch": {"micro": 2, "grad_accum": 1},
+        "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "0",
+                    "--step-compute-s", "0.05"],
+        **extra,
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(spec))
+    return submit_job(load_job(path), backend)
+
+
+def wait_for(what: str, check: Any, timeout: float = 120, run: RunDir | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s" + (f"\n{history(run)}" if run else "")
+        time.sleep(0.3)
+    return found
+
+
+def history(run: RunDir) -> str:
+    logs = "\n".join(p.read_text()[-3000:] for p in run.path.glob("slurm-*.out"))
+    return f"{run.path / rundir.ATTEMPTS}:\n{(run.path / rundir.ATTEMPTS).read_text()}\n{logs}"
+
+
+def nexts(run: RunDir) -> list[dict[str, Any]]:
+    return [e for e in run.events() if e.get("event") == rundir.EVENT_NEXT]
+
+
+def run_stopped(run: RunDir) -> dict[str, Any] | None:
+    """The `next` event that ended the run (finished, stopped), if it came."""
+    found = nexts(run)
+    return found[-1] if found and found[-1]["how"] in (rundir.NEXT_STOP, rundir.NEXT_SLURM) else None
+
+
+def drill(run: RunDir, *args: str) -> dict[str, Any]:
+    result = cli("drill", str(run.path), *args, "--timeout", "120", "--json")
+    assert result.exit_code == 0, (result.output, history(run))
+    return json.loads(result.stdout)
+
+
+def first_step(run: RunDir, attempt: int) -> int:
+    path = run.attempt(attempt) / rundir.METRICS
+    wait_for(f"attempt {attempt}'s first step", lambda: path.exists() and path.read_text().strip(), run=run)
+    return json.loads(path.read_text().splitlines()[0])["step"]
+
+
+def nothing_left(backend: str, run: RunDir) -> None:
+    be = get_backend(backend)
+    for job in run_jobs(run):
+        wait_for(f"job {job} to end", lambda job=job: (i := be.info(job)) is None or i.finished, 60, run)
+
+
+def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "rec-kill")
+    run = done.run
+    report = drill(run, "--kill", "1")
+    assert report["code"] == ExitCode.SCRIPT_FAILED
+    stop = wait_for("the run to finish", lambda: run_stopped(run), run=run)
+    first = nexts(run)[0]
+    assert first["how"] == rundir.NEXT_ALLOCATION and first["exit"] == ExitCode.SCRIPT_FAILED and first["counted"]
+    hosts = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"]
+    assert first["hosts"] == hosts  # a first script failure retries in place
+    committed = first["committed_step"]
+    assert committed is not None and (committed + 1) % INTERVAL == 0
+    assert first_step(run, 2) == committed + 1  # resumed right after the newest committed checkpoint
+    assert stop["how"] == rundir.NEXT_STOP and stop["exit"] == 0, history(run)
+    assert {e["job_id"] for e in run.events() if e.get("event") == rundir.EVENT_START} == {done.job_id}
+    nothing_left(backend, run)
+    info = get_backend(backend).info(done.job_id)
+    assert info is None or info.state == "COMPLETED"
+
+
+def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "rec-hang", steps=400, spares=1,
+                  watchdog={"hang_timeout": "20s"})
+    run = done.run
+    report = drill(run, "--hang", "1")
+    assert report["code"] == ExitCode.HANG and report["culprit_right"]
+    before = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())
+    culprit = before["hosts"][1]
+    restart = wait_for("the restart", lambda: nexts(run), run=run)[0]
+    assert restart["how"] == rundir.NEXT_ALLOCATION and restart["exclude"] == [culprit]
+    spare = next(iter(set(restart["hosts"]) - set(before["hosts"])))
+    assert restart["hosts"] == [before["hosts"][0], spare] and restart["replaced"] == {culprit: spare}
+    assert first_step(run, 2) == restart["committed_step"] + 1
+    after = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
+    assert after["hosts"] == restart["hosts"] and after["job_id"] == done.job_id
+    suspects = [json.loads(line) for line in (run.path.parent / "suspects.jsonl").read_text().splitlines()]
+    assert [(s["node"], s["code"], s["run"]) for s in suspects] == [(culprit, ExitCode.HANG, run.path.name)]
+    result = cli("cancel", str(run.path), "--json")
+    assert result.exit_code == 0, result.output
+    nothing_left(backend, run)
+
+
+def test_a_lost_node_without_a_spare_continues_in_a_new_job_that_excludes_it(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "rec-node", steps=400)
+    run = done.run
+    wait_for("attempt 1", lambda: (run.attempt(1) / rundir.MANIFEST).exists(), run=run)
+    lost = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"][1]
+    report = drill(run, "--node", lost)
+    assert report["code"] == ExitCode.NODE_LOST
+    step = wait_for("the continuation", lambda: nexts(run), run=run)[0]
+    assert step["how"] == rundir.NEXT_CONTINUATION and step["exclude"] == [lost] and step["counted"]
+    job2 = step["next_job"]
+    wait_for("attempt 2", lambda: (run.attempt(2) / rundir.ATTEMPT_JSON).exists(), run=run)
+    second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
+    assert second["job_id"] == job2 != done.job_id and lost not in second["hosts"]
+    assert first_step(run, 2) == step["committed_step"] + 1
+    assert cli("cancel", str(run.path)).exit_code == 0
+    nothing_left(backend, run)
+
+
+def test_a_pre_timeout_stop_continues_uncounted_and_the_job_is_not_failed(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "rec-stop", steps=400, restart={"budget": 0})
+    run = done.run
+    report = drill(run, "--pre-timeout")
+    assert report["code"] == ExitCode.PRE_TIMEOUT
+    step = wait_for("the continuation", lambda: nexts(run), run=run)[0]
+    assert step["how"] == rundir.NEXT_CONTINUATION and not step["counted"] and step["exit"] == ExitCode.PRE_TIMEOUT
+    be = get_backend(backend)
+    info = wait_for("job 1 to end", lambda: (i := be.info(done.job_id)) and i.finished and i, run=run)
+    assert info.state == "COMPLETED" and info.exit_code == 0  # a clean stop is not a failure
+    assert first_step(run, 2) == step["committed_step"] + 1  # budget 0, and still it went on
+    assert cli("cancel", str(run.path)).exit_code == 0
+    nothing_left(backend, run)
+
+
+def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "rec-scancel", steps=400)
+    run = done.run
+    wait_for("training", lambda: first_step(run, 1) is not None, run=run)
+    if backend == "slurm":
+        subprocess.run(["scancel", done.job_id], check=True)
+    else:
+        get_backend(backend).cancel(done.job_id)
+    nothing_left(backend, run)
+    time.sleep(3)  # a continuation, had one been submitted, would be queued by now
+    assert run_jobs(run) == [done.job_id], history(run)
+    assert not any(e.get("how") == rundir.NEXT_CONTINUATION for e in nexts(run))
+    assert run.attempts() == [1]
+
+
+def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "rec-cancel", steps=400)
+    run = done.run
+    drill(run, "--pre-timeout")
+    wait_for("the continuation", lambda: nexts(run), run=run)
+    result = cli("cancel", str(run.path), "--json")
+    assert result.exit_code == 0, result.output
+    nothing_left(backend, run)
+    report = json.loads(result.stdout)
+    assert report["cancelled"] or report["stopped"]
+    cancel_at = next(e["time"] for e in run.events() if e.get("event") == rundir.EVENT_CANCEL)
+    late = [e for e in run.events() if e.get("event") == rundir.EVENT_START and e["time"] > cancel_at + 1]
+    assert not late, history(run)
+    assert (run.path / rundir.CANCEL).exists()
+
+
+def test_an_exhausted_budget_stops_the_run_with_87(backend: str, tmp_path: Path) -> None:
+    done = submit(backend, tmp_path, "rec-budget", steps=400, restart={"budget": 0})
+    run = done.run
+    drill(run, "--kill", "0")
+    stop = wait_for("the stop", lambda: run_stopped(run), run=run)
+    assert stop["exit"] == ExitCode.BUDGET_EXHAUSTED and "restart.budget 0" in stop["reason"]
+    nothing_left(backend, run)
+    info = get_backend(backend).info(done.job_id)
+    assert info is None or info.exit_code == ExitCode.BUDGET_EXHAUSTED
+    assert run.attempts() == [1] and run_jobs(run) == [done.job_id]
+
+
+@pytest.mark.parametrize("local_only", [True])
+def test_requeue_by_hand_excludes_the_culprit_and_resumes(tmp_path: Path, local_only: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
+    done = submit("local", tmp_path, "rec-requeue", steps=400, restart={"mode": "none"})
+    run = done.run
+    drill(run, "--hang", "1")
+    wait_for("the stop", lambda: run_stopped(run), run=run)
+    culprit = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"][1]
+    refused = cli("requeue", str(run.path), "--set", "parallel.tp=2")
+    assert refused.exit_code == ExitCode.BAD_CONFIG and "parallel.tp" in refused.output
+    result = cli("requeue", str(run.path), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["exclude"] == [culprit]
+    second = wait_for("attempt 2", lambda: (run.attempt(2) / rundir.ATTEMPT_JSON).exists() and json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text()), run=run)
+    assert culprit not in second["hosts"] and first_step(run, 2) == report["resume_step"]
+    assert cli("cancel", str(run.path)).exit_code == 0
+    nothing_left("local", run)
