@@ -29,8 +29,8 @@ class ExitCode(IntEnum):
     DO_NOT_REQUEUE = 93
 
 
-# Meaning and restart policy, as documented in the README (kept in one table
-# so the docs test can compare them).
+# Meaning, and what each code does to the run (runtime/recovery.py), as documented in the
+# README (kept in one table so the docs test can compare them).
 DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.OK: ("success", "-"),
     ExitCode.BUG: ("unexpected error (a bug: message + where to report)", "no"),
@@ -41,18 +41,24 @@ DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
         "backend unavailable (no sbatch, controller unreachable, SSH down)",
         "no",
     ),
-    ExitCode.RENDEZVOUS_FAILED: ("rendezvous failed", "in-allocation once, then new job"),
-    ExitCode.PREFLIGHT_FAILED: ("preflight failed (culprit node named)", "yes, excluding it"),
-    ExitCode.HANG: ("hang verdict", "yes, excluding the culprit's node"),
-    ExitCode.STRAGGLER: ("straggler verdict", "yes, excluding the culprit's node"),
-    ExitCode.SCRIPT_FAILED: ("a rank's script failed (traceback in verdict.json)", "within budget"),
+    ExitCode.RENDEZVOUS_FAILED: ("rendezvous failed", "restarts in the allocation once per job, then in a new job; counted"),
+    ExitCode.PREFLIGHT_FAILED: (
+        "preflight failed (culprit node named)",
+        "restarts without the culprit's node (a spare takes its slot, else a new job excludes it); counted",
+    ),
+    ExitCode.HANG: ("hang verdict", "restarts without the culprit's node; counted"),
+    ExitCode.STRAGGLER: ("straggler verdict", "restarts without the culprit's node; counted"),
+    ExitCode.SCRIPT_FAILED: (
+        "a rank's script failed (traceback in verdict.json)",
+        "restarts in place; a node failing twice is excluded; counted",
+    ),
     ExitCode.PRE_TIMEOUT: (
         "pre-timeout or preempted, checkpoint committed",
-        "yes, new job, not counted",
+        "continues in a new job (the job itself exits 0); not counted",
     ),
-    ExitCode.NODE_LOST: ("node lost", "yes, excluding it"),
-    ExitCode.BUDGET_EXHAUSTED: ("restart budget exhausted or no progress", "no"),
-    ExitCode.DO_NOT_REQUEUE: ('reserved: nvidia-resiliency-ext "do not requeue"', "no"),
+    ExitCode.NODE_LOST: ("node lost", "restarts without the lost node; counted"),
+    ExitCode.BUDGET_EXHAUSTED: ("restart budget exhausted or no progress", "the run stops"),
+    ExitCode.DO_NOT_REQUEUE: ('reserved: nvidia-resiliency-ext "do not requeue"', "the run stops"),
 }
 
 BUG_REPORT_HINT = "this is a bug in clusterctl; please report it with the command and the message above"
