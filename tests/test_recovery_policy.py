@@ -78,3 +78,36 @@ def test_do_not_requeue_and_mode_none_stop() -> None:
 def test_pick_hosts_keeps_untouched_slots() -> None:
     assert pick_hosts(("a", "b", "c"), ("a", "b", "c", "d"), {"b"}, 3) == (["a", "d", "c"], {"b": "d"})
     assert pick_hosts(("a", "b"), ("a", "b"), {"a"}, 2) is None
+
+
+# --- the recovery step's edges (runtime/nextattempt.py), on a run directory -------------
+def test_begin_records_the_end_of_an_attempt_whose_batch_host_died(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    from clusterctl.rundir import RunDir
+    from clusterctl.runtime import nextattempt
+
+    run = RunDir(tmp_path)
+    (tmp_path / "run.json").write_text('{"exclude": ["n4"], "restart": {"budget": 3}}')
+    run.append_event("start", attempt=1, job_id="5")
+    run.append_event("next", attempt=0, job_id="5", how="allocation", exclude=["n4", "n2"], counted=True, exit=82)
+    monkeypatch.setattr(nextattempt, "slurm_job", lambda job: {"JobState": "NODE_FAIL", "Reason": "None"} if job == "5" else {})
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-4]")
+    assert nextattempt.main(["begin", "--run-dir", str(tmp_path), "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ACTION=run" in out and "NEXT_HOSTS=(n1 n3)" in out  # the run's excluded nodes are avoided
+    end = [e for e in run.events() if e["event"] == "end"]
+    assert end[0]["attempt"] == 1 and end[0]["exit"] is None and end[0]["slurm_state"] == "NODE_FAIL"
+    assert "job 5" in end[0]["reason"]
+
+
+def test_begin_of_a_cancelled_run_starts_nothing(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    from clusterctl.rundir import RunDir
+    from clusterctl.runtime import nextattempt
+
+    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "cancel.json").write_text('{"by": "clusterctl cancel"}')
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    nextattempt.main(["begin", "--run-dir", str(tmp_path), "--nodes", "2"])
+    assert "ACTION=exit" in capsys.readouterr().out
+    assert RunDir(tmp_path).events()[-1]["how"] == "stop"

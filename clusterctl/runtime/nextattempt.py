@@ -217,9 +217,13 @@ def _close_open_attempt(run: RunDir, events: list[dict[str, Any]], job_id: str) 
     ended = {int(e["attempt"]) for e in events if e.get("event") == rundir.EVENT_END and str(e.get("attempt", "")).isdigit()}
     for number in sorted(set(started) - ended):
         old = started[number]
+        old_job = str(old.get("job_id", ""))
+        slurm = slurm_job(old_job) if old_job and old_job != job_id else {}
+        said = f" (Slurm: {slurm.get('JobState')}, reason {slurm.get('Reason')})" if slurm.get("JobState") else ""
         run.append_event(
-            rundir.EVENT_END, attempt=number, job_id=old.get("job_id", ""), exit=None, recorded_by=job_id,
-            reason=f"no end was recorded: job {old.get('job_id', '?')}'s batch script died with it"
+            rundir.EVENT_END, attempt=number, job_id=old_job, exit=None, recorded_by=job_id,
+            slurm_state=slurm.get("JobState"), slurm_reason=slurm.get("Reason"),
+            reason=f"no end was recorded: the batch script of job {old_job or '?'} died with it{said}"
             " (its node lost, or the job killed without warning)",
         )
 
