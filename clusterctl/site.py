@@ -9,11 +9,12 @@ field (overlapping CPU sets, NICs on no rail, topology naming unknown nodes).
 from __future__ import annotations
 
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from clusterctl import hostlist
 from clusterctl.cpulist import parse_cpulist
@@ -27,6 +28,7 @@ from clusterctl.yamlload import Located, load_yaml
 DEFAULT_SITE = "local"
 SITES_ENV = "CLUSTERCTL_SITES"
 LINUX_EPHEMERAL = (32768, 60999)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Section(BaseModel):
@@ -123,14 +125,38 @@ class Network(Section):
     )
 
 
+def _drain_arg(value: Any) -> Any:
+    if isinstance(value, str):
+        bad = _CONTROL.search(value)
+        if bad:
+            raise ValueError(f"expected a plain string without NUL or control characters (found {bad.group()!r})")
+    return value
+
+
+DrainArg = Annotated[str, AfterValidator(_drain_arg)]
+"""One argument of the drain hook: it reaches exec(2) as is, where a NUL would cut it short."""
+
+
 class Reliability(Section):
-    """What the admin knows about failures and storage, for the checkpoint interval (Young/Daly)."""
+    """What the admin knows about failures and storage (the checkpoint interval), and how blamed nodes are handled."""
 
     node_mtbf_hours: float = Field(
         5000.0, gt=0, description="mean time between failures of one node (Llama 3's 16k-GPU run: ~5,600 h)"
     )
     checkpoint_write_gbs_per_node: float = Field(
         2.0, gt=0, description="sustained checkpoint write bandwidth of one node to the checkpoint filesystem, GB/s"
+    )
+    suspect_hours: float = Field(
+        24.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="how long a node a verdict blamed is left out of new submissions, in hours; 0 turns it off",
+    )
+    drain_command: list[DrainArg] | None = Field(
+        None,
+        min_length=1,
+        description="command run once per suspect node (an admin's drain hook; argv, no shell); {node}, {reason}"
+        " and {run} inside an item are replaced; default: none",
     )
 
 

@@ -221,6 +221,9 @@ class Topology(Section):
     exclude: list[Annotated[str, Field(pattern=HOST_EXPR.pattern)]] = Field(
         default_factory=list, description="node names or hostlist expressions (gpu-[001-004]) never to use"
     )
+    avoid_suspects: bool = Field(
+        True, description="also exclude nodes a recent verdict blamed (the site's reliability.suspect_hours); false keeps them"
+    )
     tp_in_nvlink: bool = Field(True, description="require each tensor-parallel group inside one NVLink domain")
     tp_cp_in_nvlink: bool = Field(False, description="also require each tp*cp group inside one NVLink domain")
 

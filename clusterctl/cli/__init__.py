@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from clusterctl.cli.app import new_app
-from clusterctl.cli import checkpoints_cmd, drill_cmd, plan_cmd, render_cmd, schema_cmd, site_cmd, submit_cmd
+from clusterctl.cli import (
+    checkpoints_cmd,
+    drill_cmd,
+    plan_cmd,
+    render_cmd,
+    schema_cmd,
+    site_cmd,
+    submit_cmd,
+    suspects_cmd,
+)
 
 app = new_app("Compile a job spec into a topology-aware distributed PyTorch job on Slurm.")
 plan_cmd.register(app)
@@ -11,6 +20,7 @@ render_cmd.register(app)
 submit_cmd.register(app)
 checkpoints_cmd.register(app)
 drill_cmd.register(app)
+suspects_cmd.register(app)
 schema_cmd.register(app)
 app.add_typer(site_cmd.site_app, name="site")
 

@@ -2,18 +2,42 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 from rich.text import Text
 
-from clusterctl import rundir
+from clusterctl import hostlist, rundir
 from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.job import load_job
-from clusterctl.submit import submit_job
+from clusterctl.submit import SuspectChoice, submit_job
+from clusterctl.units import format_duration
 from clusterctl.watch import follow
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(epoch))
+
+
+def print_suspects(console: Console, choice: SuspectChoice, *, warn: bool, now: float | None = None) -> None:
+    """One line per suspect left out (node, reason, run, how long ago, until when), or why none were."""
+    now = time.time() if now is None else now
+    for s in choice.excluded:
+        console.print(
+            f"excluding suspect node {s.node}: {s.reason} (code {s.code}) in run {s.run},"
+            f" {format_duration(max(0.0, now - s.time))} ago; avoided until {_when(choice.until(s))}"
+        )
+    if choice.kept:
+        names = hostlist.compress([s.node for s in choice.kept])
+        text = f"suspect nodes {names} are not excluded: {choice.why_kept}"
+        if warn:
+            console.print(Text.assemble(("warning: ", "yellow"), text + "; the job may run on them"))
+        else:
+            console.print(f"note: {text}")
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +56,7 @@ def register(app: typer.Typer) -> None:
         job = load_job(spec, set_ or [], site)
         done = submit_job(job, backend, dry_run=dry_run)
         console = out_console()
+        print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
         if done.job_id is None:
             console.print(f"dry run: nothing submitted; run directory {done.run.path}")
             console.print(f"the batch script is {done.run.sbatch}")

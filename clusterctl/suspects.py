@@ -1,0 +1,208 @@
+"""Suspect nodes: nodes a verdict blamed, remembered across runs in the runs root.
+
+One JSON line per event in `<runs root>/suspects.jsonl`, appended and never
+rewritten, so many jobs (and `clusterctl suspects --clear`) can write it at
+once: each line goes out in one O_APPEND write, which a local filesystem
+keeps whole. A blame is `{node, reason, code, run, time}`; a clear is
+`{node, cleared: true, time, by}` and forgives every blame of that node
+appended before it (a blame appended later makes the node a suspect again).
+Readers skip lines they cannot use (a torn tail, another tool's lines).
+
+Standard library only: the recovery path on the compute nodes records here.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+FILE = "suspects.jsonl"  # in the runs root (the parent directory of every run directory)
+DRAIN_TIMEOUT_S = 30.0
+REASON_MAX = 500  # characters: keeps each line one small write
+PLACEHOLDERS = ("node", "reason", "run")
+_PLACEHOLDER = re.compile(r"\{(node|reason|run)\}")
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """One blame: which node, why (reason text and exit code), in which run, when (epoch seconds)."""
+
+    node: str
+    reason: str
+    code: int
+    run: str  # the run id (the run directory's name)
+    time: float
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """Someone's word that a node is fine again: the blames appended before this no longer count."""
+
+    node: str
+    time: float
+    by: str
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What the file says about one node: its latest blame, how many there were, a clear since then."""
+
+    latest: Suspect
+    blames: int
+    cleared: Cleared | None  # a clear appended after the latest blame
+
+    def until(self, exclude_for_s: float) -> float:
+        """When the node stops being avoided (its latest blame plus the window)."""
+        return self.latest.time + exclude_for_s
+
+    def active(self, exclude_for_s: float, now: float) -> bool:
+        """Still avoided: blamed within the window and not cleared since."""
+        return exclude_for_s > 0 and self.cleared is None and now < self.until(exclude_for_s)
+
+
+def path(runs_root: Path) -> Path:
+    """The suspects file of a runs root."""
+    return Path(runs_root) / FILE
+
+
+def _append(runs_root: Path, entries: list[dict[str, Any]]) -> None:
+    """One write per line on an O_APPEND descriptor, so concurrent writers interleave whole lines only."""
+    Path(runs_root).mkdir(parents=True, exist_ok=True)
+    fd = os.open(path(runs_root), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for entry in entries:
+            data = (json.dumps(entry, sort_keys=True) + "\n").encode()
+            written = os.write(fd, data)
+            while written < len(data):  # a short write on a regular file: disk full or a signal
+                written += os.write(fd, data[written:])
+    finally:
+        os.close(fd)
+
+
+def drain_argv(drain_command: list[str], suspect: Suspect) -> list[str]:
+    """The hook's argv for one suspect: {node}, {reason}, {run} replaced in one pass inside each item."""
+    values = {"node": suspect.node, "reason": suspect.reason, "run": suspect.run}
+    return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in drain_command]
+
+
+def _run_hook(argv: list[str], node: str) -> str:
+    shown = " ".join(argv)
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=DRAIN_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"suspect {node}: drain hook `{shown}` did not finish in {DRAIN_TIMEOUT_S:.0f} s and was killed"
+    except OSError as exc:
+        return f"suspect {node}: drain hook `{shown}` could not run: {exc.strerror or exc}"
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        tail = f": {said[-1]}" if said else ""
+        return f"suspect {node}: drain hook `{shown}` failed with exit code {done.returncode}{tail}"
+    return f"suspect {node}: drain hook `{shown}` ran"
+
+
+def record(runs_root: Path, found: list[Suspect], drain_command: list[str] | None = None) -> list[str]:
+    """Remember each blamed node, then run the site's drain hook once per suspect when one is given.
+
+    Never raises for the file or the hook: the recovery path calling this must
+    go on, so a failure comes back as one of the returned lines to log.
+    """
+    messages: list[str] = []
+    if found:
+        try:
+            _append(runs_root, [{**asdict(s), "reason": s.reason[:REASON_MAX]} for s in found])
+        except OSError as exc:
+            names = ", ".join(s.node for s in found)
+            messages.append(f"cannot record suspect nodes {names} in {path(runs_root)}: {exc.strerror or exc}")
+    if drain_command:
+        for suspect in found:
+            messages.append(_run_hook(drain_argv(drain_command, suspect), suspect.node))
+    return messages
+
+
+def clear(runs_root: Path, nodes: list[str], now: float | None = None, by: str | None = None) -> None:
+    """Forgive the nodes' blames so far (OSError when the runs root cannot be written)."""
+    when = time.time() if now is None else now
+    who = by if by is not None else _user()
+    _append(runs_root, [{**asdict(Cleared(node, when, who)), "cleared": True} for node in nodes])
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+
+
+def _parse(line: str) -> Suspect | Cleared | None:
+    """One line as an event, or None for anything else (torn, foreign, wrong types)."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("node"), str) or not data["node"]:
+        return None
+    if not _number(data.get("time")):
+        return None
+    if data.get("cleared") is True:
+        by = data.get("by")
+        return Cleared(data["node"], float(data["time"]), by if isinstance(by, str) else "")
+    code, reason, run = data.get("code"), data.get("reason"), data.get("run")
+    if not (isinstance(code, int) and not isinstance(code, bool) and isinstance(reason, str) and isinstance(run, str)):
+        return None
+    return Suspect(data["node"], reason, code, run, float(data["time"]))
+
+
+def read(runs_root: Path) -> list[Suspect | Cleared]:
+    """Every usable event in file order; none when there is no file (or it cannot be read)."""
+    try:
+        text = path(runs_root).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return [event for event in map(_parse, text.splitlines()) if event is not None]
+
+
+def nodes(runs_root: Path) -> dict[str, NodeRecord]:
+    """Per node ever blamed, by name: its latest blame, the count, and a clear appended after that blame.
+
+    Order in the file decides, not the clocks of the machines that wrote the
+    lines: the latest blame is the last one appended, and a clear forgives
+    everything appended before it.
+    """
+    latest: dict[str, Suspect] = {}
+    counts: dict[str, int] = {}
+    cleared: dict[str, Cleared] = {}
+    for event in read(runs_root):
+        if isinstance(event, Cleared):
+            cleared[event.node] = event
+            continue
+        counts[event.node] = counts.get(event.node, 0) + 1
+        cleared.pop(event.node, None)
+        latest[event.node] = event
+    return {node: NodeRecord(s, counts[node], cleared.get(node)) for node, s in sorted(latest.items())}
+
+
+def active(runs_root: Path, exclude_for_s: float, now: float | None = None) -> dict[str, Suspect]:
+    """Nodes blamed within the last exclude_for_s seconds and not cleared since: node -> its latest blame."""
+    if exclude_for_s <= 0:
+        return {}
+    when = time.time() if now is None else now
+    return {node: rec.latest for node, rec in nodes(runs_root).items() if rec.active(exclude_for_s, when)}
