@@ -8,6 +8,7 @@ from clusterctl.cli import (
     drill_cmd,
     plan_cmd,
     render_cmd,
+    run_cmds,
     schema_cmd,
     site_cmd,
     submit_cmd,
@@ -20,6 +21,7 @@ render_cmd.register(app)
 submit_cmd.register(app)
 checkpoints_cmd.register(app)
 drill_cmd.register(app)
+run_cmds.register(app)
 suspects_cmd.register(app)
 schema_cmd.register(app)
 app.add_typer(site_cmd.site_app, name="site")
