@@ -298,3 +298,16 @@ def test_every_rank_slowing_together_is_no_straggler() -> None:
             slow = 1.4 if rank == 2 else rng.uniform(1.25, 1.3)
             wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.3, "compute_s": 0.8 * slow}, t)
         assert wd.check(t) is None, step
+
+
+def test_a_requested_stop_that_srun_cut_short_is_not_a_failure() -> None:
+    from clusterctl.runtime.blame import stopped_on_request
+
+    lines = [
+        "srun: error: n2: tasks 2-3: Exited with exit code 85",
+        "srun: launch/slurm: _step_signal: Terminating StepId=51.0",
+        "srun: error: n1: task 0: Terminated",
+        "srun: error: n1: task 1: Exited with exit code 85",
+    ]
+    assert stopped_on_request(parse_srun_lines(lines))
+    assert not stopped_on_request(parse_srun_lines(["srun: error: n1: task 0: Killed", "srun: error: n1: task 1: Terminated"]))

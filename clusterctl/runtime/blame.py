@@ -63,6 +63,12 @@ class TaskEnd:
         return int(found.group(1)) if found else None
 
 
+def stopped_on_request(ends: list[TaskEnd]) -> bool:
+    """A rank exited with 85: the ranks saved and committed on request. srun's --kill-on-bad-exit
+    then stops the ones still on their way out; they are not failures."""
+    return any(e.exit_code == int(ExitCode.PRE_TIMEOUT) for e in ends)
+
+
 def parse_srun_lines(lines: list[str]) -> list[TaskEnd]:
     """srun's task lines in the order srun printed them, each marked before or after its terminate."""
     ends: list[TaskEnd] = []

@@ -40,12 +40,14 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.rundir import write_json_atomic
 from clusterctl.runtime import registry, stacks
+from clusterctl.runtime.blame import parse_srun_lines, stopped_on_request
 from clusterctl.runtime.watchdog import Settings, Watchdog
 from clusterctl.runtime.watchserver import WatchServer
 from clusterctl.runtime.preflight import MARKER_PREFIX, write_shared_marker
 
 READY = "controller.json"
 POLL_S = 0.02
+SRUN_LOG_SETTLE_S = 2.0  # srun's last lines reach srun.log through tee, a moment after srun itself ended
 BIND_TRIES = 64
 BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
@@ -345,12 +347,28 @@ class Controller:
                 final = registry.Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))
                 write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
                 return final.code
+        if self.stop_requested and self._stopped_on_request():
+            log("the ranks saved, committed and stopped on request (85); any that srun stopped on their way out are not failures")
+            return int(ExitCode.PRE_TIMEOUT)
         final = self.judge_end()
         if final is None:
             return 0
         write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
         log(final.message)
         return final.code
+
+    def _stopped_on_request(self) -> bool:
+        """A rank's exit 85 in srun's lines (tee may write them a moment after srun ended)."""
+        path = self.attempt_dir / rundir.SRUN_LOG
+        deadline = time.monotonic() + SRUN_LOG_SETTLE_S
+        while True:
+            try:
+                ends = parse_srun_lines(path.read_text(errors="replace").splitlines())
+            except OSError:
+                ends = []
+            if stopped_on_request(ends) or time.monotonic() >= deadline:
+                return stopped_on_request(ends)
+            time.sleep(0.1)
 
     def judge_end(self) -> registry.Verdict | None:
         """Culprits apart from victims (runtime/blame.py), once every rank is done."""
