@@ -212,8 +212,7 @@ def test_an_exhausted_budget_stops_the_run_with_87(backend: str, tmp_path: Path)
     assert run.attempts() == [1] and run_jobs(run) == [done.job_id]
 
 
-@pytest.mark.parametrize("local_only", [True])
-def test_requeue_by_hand_excludes_the_culprit_and_resumes(tmp_path: Path, local_only: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_requeue_by_hand_excludes_the_culprit_and_resumes_on_fewer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
     done = submit("local", tmp_path, "rec-requeue", steps=400, restart={"mode": "none"})
     run = done.run
@@ -222,11 +221,13 @@ def test_requeue_by_hand_excludes_the_culprit_and_resumes(tmp_path: Path, local_
     culprit = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"][1]
     refused = cli("requeue", str(run.path), "--set", "parallel.tp=2")
     assert refused.exit_code == ExitCode.BAD_CONFIG and "parallel.tp" in refused.output
-    result = cli("requeue", str(run.path), "--json")
+    # Half the data-parallel ranks (one node), twice the accumulation: the checkpoint reshards on load.
+    result = cli("requeue", str(run.path), "--set", "nodes=1", "--set", "batch.grad_accum=2", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["exclude"] == [culprit]
+    assert report["exclude"] == [culprit] and any("parallel.dp 2 -> 1" in n for n in report["notes"])
     second = wait_for("attempt 2", lambda: (run.attempt(2) / rundir.ATTEMPT_JSON).exists() and json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text()), run=run)
-    assert culprit not in second["hosts"] and first_step(run, 2) == report["resume_step"]
+    assert culprit not in second["hosts"] and len(second["hosts"]) == 1
+    assert first_step(run, 2) == report["resume_step"] == nexts(run)[0]["committed_step"] + 1
     assert cli("cancel", str(run.path)).exit_code == 0
     nothing_left("local", run)

@@ -40,4 +40,4 @@ def resolve_run(arg: str) -> RunDir:
         )
     if not _is_run(path):
         raise ClusterctlError(f"{path} is not a run directory (no {rundir.STATE} or {rundir.RUN_JSON})", ExitCode.USAGE)
-    return RunDir(path)
+    return RunDir(path.resolve())
