@@ -14,8 +14,10 @@ library only (this package runs inside jobs):
                  with $CLUSTERCTL_LOCAL_PYTHON, the interpreter that submitted)
     srunopts     srun's options and step layout; relay: its output relay
     batchopts    #SBATCH directives and sbatch's command-line options
-    control      cancel, signal, requeue, update, and what squeue/scontrol show
-    records      the state directory: job records, the job id counter, locks
+    control      cancel, signal, requeue, update (jobs; nodes DOWN and RESUME),
+                 and what squeue/scontrol show
+    records      the state directory: job records, the job id counter, locks,
+                 the emulated nodes that are DOWN
     proctree     the job's processes (the supervisor is their subreaper)
     formats      how Slurm writes counts, durations and times
 
@@ -68,6 +70,17 @@ Behaviour is pinned to Slurm 22.05 as measured on the test cluster
   its SLURM_*/SRUN_* variables (Slurm keeps them and overwrites the ones it
   sets); SLURM_CONF, SLURM_WORKING_CLUSTER, SLURM_TOPOLOGY_ADDR_PATTERN,
   SLURM_NODE_ALIASES and SLURM_PRIO_PROCESS are not set.
+* Node failure: `scontrol update NodeName=X State=DOWN Reason=...` marks an
+  emulated node DOWN until `State=RESUME` (records.py keeps it in the state
+  directory); it stands for a node whose slurmd died, so nothing brings it
+  back by itself (on the test cluster, ReturnToService=2 returns a node whose
+  slurmd still answers within milliseconds). Jobs see the failure within a
+  tick (Slurm: about 25 s after a slurmd dies on the test cluster, minutes on
+  a real site). What follows is Slurm's, as measured: a --no-kill job loses
+  the node and runs on, srun kills the steps that used it; any other job is
+  requeued, or ends NODE_FAIL with --no-requeue (see supervisor.py, srun.py).
+  Not measured, chosen here: the batch host failing ends even a --no-kill job
+  like a job without it.
 * Accounting: job records are kept until the state directory is removed
   (Slurm forgets a job MinJobAge after it ends); there is no sacct.
 * A job's processes are its supervisor's descendants (Linux

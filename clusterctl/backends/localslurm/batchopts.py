@@ -38,6 +38,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "nodelist": ("w", "yes"),
     "requeue": ("", "no"),
     "no-requeue": ("", "no"),
+    "no-kill": ("k", "optional"),
     "signal": ("", "yes"),
     "open-mode": ("", "yes"),
     "output": ("o", "yes"),
@@ -74,6 +75,7 @@ class Request:
     exclude: list[str] = field(default_factory=list)
     nodelist: list[str] = field(default_factory=list)
     requeue: bool = True  # JobRequeue=1, as on the test cluster
+    no_kill: bool = False  # --no-kill: the job keeps running when one of its nodes fails
     signal: dict | None = None  # {"num", "name", "lead", "batch"}
     open_mode: str = "truncate"
     open_mode_given: bool = False
@@ -145,6 +147,9 @@ def split_options(argv: list[str], where: str) -> list[tuple[str, str | None]]:
                 if len(arg) > 2:
                     raise OptionError(f"option '-{letter}' {where} takes no value")
                 out.append((name, None))
+                continue
+            if OPTIONS[name][1] == "optional":  # getopt's optional argument: only attached (-koff)
+                out.append((name, arg[2:] or None))
                 continue
             value = arg[2:]
             if not value:
@@ -286,6 +291,10 @@ def apply(request: Request, pairs: list[tuple[str, str | None]], where: str) -> 
             request.requeue = True
         elif name == "no-requeue":
             request.requeue = False
+        elif name == "no-kill":
+            if text not in ("", "off"):
+                raise OptionError(f"invalid --no-kill argument {text!r}: expected off or nothing")
+            request.no_kill = text != "off"
         elif name == "signal":
             request.signal = parse_signal(text)
         elif name == "open-mode":

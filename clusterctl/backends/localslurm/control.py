@@ -3,8 +3,16 @@
 Answers follow Slurm 22.05 as measured on the test cluster: cancelling a
 finished or unknown job succeeds silently; requeueing a pending job fails
 ("Job is pending execution"); ExcNodeList can be changed only while a job is
-pending ("Job is no longer pending execution"); a finished job can be
-requeued and runs again with its restart count incremented.
+pending ("Job is no longer pending execution"), which includes the kill that
+follows a requeue (JobState=COMPLETING, Restarts already incremented), but not
+the kill that follows a cancel ("Job has already finished"); a finished job
+can be requeued and runs again with its restart count incremented.
+
+Nodes: `scontrol update NodeName=X State=DOWN Reason=...` marks emulated nodes
+DOWN (a reason is required) until `State=RESUME` (an error for a node that is
+not down). Unlike the test cluster (ReturnToService=2, where a node whose
+slurmd still answers is back within milliseconds), a DOWN emulated node stays
+down: it stands for a node whose slurmd died.
 """
 
 from __future__ import annotations
@@ -18,7 +26,15 @@ from typing import Any
 from clusterctl.backends.localslurm import REQUEUE_DELAY_S
 from clusterctl.backends.localslurm.batchopts import expand_pattern
 from clusterctl.backends.localslurm.formats import slurm_time, timestamp
-from clusterctl.backends.localslurm.records import FINISHED, JobRecord, alive, start_supervisor, write_json
+from clusterctl.backends.localslurm.records import (
+    FINISHED,
+    JobRecord,
+    alive,
+    resume_node,
+    set_node_down,
+    start_supervisor,
+    write_json,
+)
 from clusterctl.hostlist import HostlistError, compress, expand
 
 
@@ -111,12 +127,43 @@ def update_job(root: Path, job_id: str | int, fields: dict[str, str]) -> None:
             raise ControlError(f"Update of {key} is not emulated by the local backend (ExcNodeList, StartTime=now are)")
     with record.lock():
         state = record.state()
-        if state["state"] != "PENDING" or (state.get("supervisor_pid") and not record.supervisor_alive(state)):
+        requeueing = state["state"] == "COMPLETING" and state.get("requeueing")
+        if state["state"] in FINISHED or (state["state"] == "COMPLETING" and not requeueing):
+            raise ControlError("Job has already finished")
+        if (state["state"] != "PENDING" and not requeueing) or (
+            state.get("supervisor_pid") and not record.supervisor_alive(state)
+        ):
             raise ControlError("Job is no longer pending execution")
         state.update(changes)
         if "exc_nodes" in changes and state.get("reason") == "ReqNodeNotAvail":
             state["reason"] = "None"
         write_json(record.path / "state.json", state)
+
+
+def update_nodes(root: Path, nodes: str, fields: dict[str, str], inventory: list[str]) -> None:
+    """scontrol update NodeName=X State=DOWN Reason=... | State=RESUME, on emulated nodes."""
+    try:
+        names = expand(nodes)
+    except HostlistError:
+        raise ControlError("slurm_update error: Invalid node name specified") from None
+    if not names or any(n not in inventory for n in names):
+        raise ControlError("slurm_update error: Invalid node name specified")
+    lowered = {k.lower(): v for k, v in fields.items()}
+    unknown = sorted(set(lowered) - {"state", "reason"})
+    if unknown:
+        raise ControlError(f"Update of node {unknown[0]} is not emulated by the local backend (State=DOWN|RESUME, Reason are)")
+    state = lowered.get("state", "").upper()
+    if state == "DOWN":
+        reason = lowered.get("reason", "")
+        if not reason:
+            raise ControlError("You must specify a reason when DOWNING or DRAINING a node. Request denied")
+        for name in names:
+            set_node_down(root, name, reason)
+    elif state == "RESUME":
+        if not all([resume_node(root, name) for name in names]):
+            raise ControlError("slurm_update error: Invalid node state specified")
+    else:
+        raise ControlError(f"Update of node State={lowered.get('state', '')} is not emulated by the local backend (DOWN and RESUME are)")
 
 
 def describe(record: JobRecord) -> dict[str, Any]:

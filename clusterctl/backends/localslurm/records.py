@@ -11,6 +11,9 @@
         requests/            cancel / requeue requests for the supervisor
         steps/               one file per running srun step (pid, process group)
         supervisor.log       the supervisor's own messages
+      nodes/<name>.json      an emulated node that is DOWN (scontrol update
+                             NodeName=X State=DOWN Reason=...): its reason and
+                             time; State=RESUME removes it
 
 Every JSON file is replaced atomically, so readers never need the lock.
 """
@@ -204,6 +207,33 @@ class JobRecord:
         if state["state"] not in FINISHED and state.get("supervisor_pid") and not self.supervisor_alive(state):
             state = dict(state, state="NODE_FAIL", reason="SupervisorLost")
         return state
+
+
+def down_nodes(root: Path) -> dict[str, dict]:
+    """The emulated nodes that are DOWN: name -> {"reason", "time"}."""
+    try:
+        names = [n for n in os.listdir(root / "nodes") if n.endswith(".json")]
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            out[name[: -len(".json")]] = read_json(root / "nodes" / name)
+    return out
+
+
+def set_node_down(root: Path, node: str, reason: str) -> None:
+    (root / "nodes").mkdir(parents=True, exist_ok=True)
+    write_json(root / "nodes" / f"{node}.json", {"state": "DOWN", "reason": reason, "time": time.time()})
+
+
+def resume_node(root: Path, node: str) -> bool:
+    """Bring a DOWN node back; False when it was not down."""
+    try:
+        os.unlink(root / "nodes" / f"{node}.json")
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def list_jobs(root: Path) -> list[JobRecord]:

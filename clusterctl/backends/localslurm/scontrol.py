@@ -5,6 +5,7 @@
     scontrol [-o] show job [-o] [ID]   key=value fields as Slurm 22.05 prints them
     scontrol requeue ID[,ID...]
     scontrol update jobid=ID ExcNodeList=NODES | StartTime=now
+    scontrol update NodeName=NODES State=DOWN Reason=WHY | State=RESUME
 
 Messages and exit codes follow Slurm 22.05 as measured on the test cluster.
 """
@@ -15,9 +16,9 @@ import grp
 import os
 import sys
 
-from clusterctl.backends.localslurm.control import ControlError, describe, find, requeue_job, update_job
+from clusterctl.backends.localslurm.control import ControlError, describe, find, requeue_job, update_job, update_nodes
 from clusterctl.backends.localslurm.formats import slurm_time
-from clusterctl.backends.localslurm.records import list_jobs, state_root
+from clusterctl.backends.localslurm.records import SubmitError, inventory, list_jobs, state_root
 from clusterctl.hostlist import HostlistError, compress, expand
 
 GLOBAL_FLAGS = {"-o": "oneliner", "--oneliner": "oneliner", "-d": "details", "--details": "details",
@@ -141,7 +142,7 @@ def requeue(words: list[str]) -> int:
 
 def update(words: list[str]) -> int:
     fields: dict[str, str] = {}
-    job = None
+    job = node = None
     for word in words:
         key, eq, value = word.partition("=")
         if not eq:
@@ -150,10 +151,19 @@ def update(words: list[str]) -> int:
             return 1
         if key.lower() == "jobid":
             job = value
+        elif key.lower() == "nodename":
+            node = value
         else:
             fields[key] = value
+    if node is not None and job is None:
+        try:
+            update_nodes(state_root(), node, fields, inventory(os.environ))
+        except (ControlError, SubmitError) as exc:
+            err(str(exc))
+            return 1
+        return 0
     if job is None:
-        err("scontrol: error: update needs jobid=ID (only jobs can be updated in the local backend)")
+        err("scontrol: error: update needs jobid=ID or NodeName=NODES (what the local backend can update)")
         return 1
     try:
         update_job(state_root(), job, fields)

@@ -24,6 +24,15 @@ Slurm 22.05 as measured on the test cluster:
   forces termination.
 * Exit code: the largest over the tasks of the exit code, or 128+signal for a
   task killed by a signal (also when srun itself had it killed).
+* A node of the step going DOWN (scontrol update NodeName=X State=DOWN):
+  `srun: error: Node failure on X`; in a --no-kill job the step is then
+  killed (SIGKILL, the other nodes' tasks reported as Killed, then `Force
+  Terminated StepId=J.S`, exit 137), as measured when a node's slurmd died.
+  Once a node has left a --no-kill job, a step that fits the nodes left runs
+  (without -N, after `SLURM_JOB_NUM_NODES environment variable conflicts with
+  allocated node count (2 != 1).`), one naming the lost node fails with
+  `Requested node configuration is not available` (exit 1), and one that needs
+  more nodes than are left stays pending until srun is signalled, as on Slurm.
 """
 
 from __future__ import annotations
@@ -40,9 +49,18 @@ from pathlib import Path
 from clusterctl.backends.localslurm import KILL_WAIT_S, STATE_ENV, TIME_SCALE_ENV
 from clusterctl.backends.localslurm.batchopts import expand_pattern
 from clusterctl.backends.localslurm.formats import counts_text, timestamp
-from clusterctl.backends.localslurm.records import job_dir, next_counter, user_name, write_json
+from clusterctl.backends.localslurm.records import down_nodes, job_dir, next_counter, read_json, user_name, write_json
 from clusterctl.backends.localslurm.relay import Sink, Stream
-from clusterctl.backends.localslurm.srunopts import Layout, Options, SrunError, expand_counts, layout, parse, ranges
+from clusterctl.backends.localslurm.srunopts import (
+    Layout,
+    Options,
+    SrunError,
+    expand_counts,
+    layout,
+    parse,
+    ranges,
+    read_nodelist,
+)
 from clusterctl.hostlist import compress, expand
 
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGCONT)
@@ -53,6 +71,7 @@ RESET = (
 )
 PER_NODE = re.compile(r"%\d*[nNt]")  # file names that make a file per node or per task
 DRAIN_S = 1.0  # after the last task: how long to wait for output held by escaped processes
+NODE_POLL_S = 0.2  # how often a step looks for DOWN nodes among its own
 
 
 def say(message: str) -> None:
@@ -77,6 +96,13 @@ class Step:
         self.record = job_dir(Path(state), job_id) if state else None
         if self.record is not None and not (self.record / "steps").is_dir():
             self.record = None
+        self.no_kill = False
+        if self.record is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                self.no_kill = bool(read_json(self.record / "job.json")["request"].get("no_kill"))
+        self.node_check: float | None = time.monotonic() if self.record is not None else None
+        self.lost: set[str] = set()  # nodes of the step that went DOWN
+        self.node_killed = False  # the step was killed for a lost node (--no-kill)
         self.step_id = next_counter(self.record / "steps", "next_step", 0) if self.record else 0
         self.name = f"StepId={job_id}.{self.step_id}"
         self.tasks = [Task(r, i, loc, lay.nodes[i]) for r, i, loc in lay.tasks()]
@@ -264,7 +290,8 @@ class Step:
             if what:
                 ended.setdefault((task.node, what), []).append(task.rank)
         for (node, what), ranks in ended.items():
-            say(f"error: {node}: task{'s' if len(ranks) > 1 else ''} {ranges(ranks)}: {what}")
+            if node not in self.lost:  # a lost node's slurmstepd reports nothing
+                say(f"error: {node}: task{'s' if len(ranks) > 1 else ''} {ranges(ranks)}: {what}")
         for task in done:
             self.task_ended(task)
 
@@ -323,6 +350,24 @@ class Step:
             else:
                 self.force("forcing job termination")
 
+    def check_nodes(self) -> None:
+        """A node of the step DOWN: report it; in a --no-kill job kill the step (the job goes on)."""
+        now = time.monotonic()
+        if self.node_check is None or now < self.node_check or self.record is None:
+            return
+        self.node_check = now + NODE_POLL_S
+        down = down_nodes(self.record.parent.parent)
+        lost = [n for n in self.layout.nodes if n in down and n not in self.lost]
+        if not lost:
+            return
+        for node in lost:
+            say(f"error: Node failure on {node}")
+        self.lost.update(lost)
+        if self.no_kill and self.running and not self.killing:
+            self.killing = self.node_killed = True
+            self.kill_at = None
+            self.killpg(signal.SIGKILL)
+
     def timers(self) -> None:
         now = time.monotonic()
         if self.kill_at is not None and now >= self.kill_at:
@@ -340,7 +385,7 @@ class Step:
                 self.force(f"launch/slurm: _step_signal: Terminating {self.name}")
 
     def next_timeout(self, drain_until: float | None) -> float | None:
-        times = [t for t in (self.kill_at, self.wait_at, drain_until) if t is not None]
+        times = [t for t in (self.kill_at, self.wait_at, drain_until, self.node_check) if t is not None]
         return max(0.0, min(times) - time.monotonic()) if times else None
 
     # -- main loop ---------------------------------------------------------
@@ -363,7 +408,11 @@ class Step:
             while True:
                 self.reap()
                 self.timers()
+                self.check_nodes()
                 if not self.running and drain_until is None:
+                    if self.node_killed:
+                        say(f"Force Terminated {self.name}")
+                    self.node_check = None
                     self.killpg(signal.SIGKILL)  # what the tasks left behind in the step
                     drain_until = time.monotonic() + DRAIN_S
                 if drain_until is not None and (not self.streams or time.monotonic() >= drain_until):
@@ -413,6 +462,54 @@ def _umask() -> int:
     return mask
 
 
+def allocation(env: dict[str, str], job_id: str) -> list[str] | None:
+    """The job's nodes now (fewer than SLURM_JOB_NODELIST once a node failed under --no-kill); None if unknown."""
+    state = env.get(STATE_ENV)
+    if not state:
+        return None
+    try:
+        record = read_json(job_dir(Path(state), job_id) / "state.json")
+    except (OSError, ValueError):
+        return None
+    nodes = record.get("nodes")
+    return list(nodes) if nodes else None
+
+
+def pending_step(job_id: str) -> int:
+    """A step the allocation cannot hold now stays pending, as on Slurm, until srun is signalled."""
+    got: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda num, _frame: got.append(num))
+    while not got:
+        time.sleep(0.2)
+    say(f"Cancelled pending job step with signal {got[0]}")
+    say(f"error: Unable to create step for job {job_id}: Job/step already completing or completed")
+    return 1
+
+
+def step_layout(opts: Options, env: dict[str, str], job_id: str) -> tuple[Layout | None, dict[str, str]]:
+    """The step's layout in the allocation as it is now, and the environment to run it with (None: pending)."""
+    full = expand(env.get("SLURM_JOB_NODELIST", ""))
+    now = allocation(env, job_id)
+    if now is None or not full or set(now) == set(full) or not set(now) < set(full):
+        return layout(opts, env, job_id), env
+    if opts.nodes is None:
+        say(f"error: SLURM_JOB_NUM_NODES environment variable conflicts with allocated node count ({len(full)} != {len(now)}).")
+    shrunk = dict(env, SLURM_JOB_NODELIST=compress(now), SLURM_NODELIST=compress(now),
+                  SLURM_JOB_NUM_NODES=str(len(now)), SLURM_NNODES=str(len(now)))
+    if env.get("SLURM_JOB_CPUS_PER_NODE"):
+        cpus = dict(zip(full, expand_counts(env["SLURM_JOB_CPUS_PER_NODE"]), strict=False))
+        shrunk["SLURM_JOB_CPUS_PER_NODE"] = counts_text([cpus.get(n, 1) for n in now])
+    try:
+        return layout(opts, shrunk, job_id), shrunk
+    except SrunError:
+        lost = [n for n in (read_nodelist(opts.nodelist) if opts.nodelist else []) if n not in now]
+        if lost:
+            raise SrunError(f"Unable to create step for job {job_id}: Requested node configuration is not available") from None
+        layout(opts, env, job_id)  # an error here is the step's own; else it would fit the whole allocation
+        return None, shrunk
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ)
@@ -421,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse(args)
         if not job_id.isdigit():
             raise SrunError("SLURM_JOB_ID is not set: srun of the local backend runs inside a job (submit one with it)")
-        lay = layout(opts, env, job_id)
+        lay, env = step_layout(opts, env, job_id)
+        if lay is None:
+            return pending_step(job_id)
         for warning in lay.warnings:
             say(f"Warning: {warning}")
         step = Step(opts, lay, env, job_id)

@@ -3,7 +3,8 @@
 It plays slurmctld and the batch node's slurmd for one job:
 
 1. PENDING until its dependencies have ended, its begin time (after a
-   requeue) has passed and enough emulated nodes are left after ExcNodeList.
+   requeue) has passed and enough emulated nodes are left after ExcNodeList
+   and the nodes that are DOWN.
 2. RUNNING: the batch script runs through its #! interpreter, in a session
    and process group of its own, in the submit directory, with the batch
    step's SLURM_* environment, stdout and stderr to --output/--error.
@@ -12,8 +13,16 @@ It plays slurmctld and the batch node's slurmd for one job:
    limit every process of the job gets SIGCONT+SIGTERM, SIGKILL KillWait
    (2 s) later, and the job ends TIMEOUT. Cancel is the same kill, ending
    CANCELLED; requeue is the same kill followed by a new run of the same job
-   id with SLURM_RESTART_COUNT incremented.
-4. When the batch script exits on its own, leftover processes are killed the
+   id with SLURM_RESTART_COUNT incremented. During the kill the job shows
+   JobState=COMPLETING, and after a requeue already Restarts=N+1, as on Slurm
+   22.05 (measured), so a batch script's TERM trap can tell a requeue
+   (Restarts > SLURM_RESTART_COUNT) from a cancel.
+4. A node of the job going DOWN (scontrol update NodeName=X State=DOWN):
+   with --no-kill the node leaves the job (NodeList and NumNodes shrink; srun
+   kills its steps that use it) and the job runs on, unless it was the batch
+   host; otherwise the job is killed as above and requeued (JobRequeue=1), or
+   ends NODE_FAIL (Reason=NodeDown) with --no-requeue, as measured.
+5. When the batch script exits on its own, leftover processes are killed the
    same way and the job ends COMPLETED (exit 0) or FAILED.
 
 The final state is written only once no process of the job is left.
@@ -45,12 +54,18 @@ from clusterctl.backends.localslurm import (
 )
 from clusterctl.backends.localslurm.batchopts import Request, expand_pattern
 from clusterctl.backends.localslurm.formats import counts_text, even_split, timestamp
-from clusterctl.backends.localslurm.records import FINISHED, JobRecord, proc_stat
+from clusterctl.backends.localslurm.records import FINISHED, JobRecord, down_nodes, proc_stat
 from clusterctl.hostlist import compress
 
 TICK = 0.05
 SHIMS = ("srun", "scontrol", "sbatch", "squeue", "scancel")
 RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+KILL_WORDS = {
+    "CANCELLED": "",
+    "TIMEOUT": " DUE TO TIME LIMIT",
+    "REQUEUE": " DUE TO JOB REQUEUE",
+    "NODE_FAIL": " DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS",
+}
 
 
 class Supervisor:
@@ -62,6 +77,7 @@ class Supervisor:
         self.stopped: int | None = None
         self.batch_pid: int | None = None
         self.batch_status: int | None = None
+        self.nodes: list[str] = []  # the run's nodes: fewer once a node failed under --no-kill
 
     # -- helpers -----------------------------------------------------------
     def log(self, message: str) -> None:
@@ -90,7 +106,8 @@ class Supervisor:
     # -- pending -----------------------------------------------------------
     def pick_nodes(self, excluded: list[str]) -> list[str] | None:
         inventory = self.spec["inventory"]
-        usable = [n for n in inventory if n not in excluded]
+        down = down_nodes(self.record.root)
+        usable = [n for n in inventory if n not in excluded and n not in down]
         required = list(self.request.nodelist)
         if any(n not in usable for n in required):
             return None
@@ -287,6 +304,7 @@ class Supervisor:
             self.record.update(state="FAILED", reason="JobLaunchFailure", exit_code=[1, 0], nodes=nodes, end_time=time.time())
             return "FAILED"
         started = time.time()
+        self.nodes = list(nodes)
         stat = proc_stat(self.batch_pid)
         self.record.update(
             state="RUNNING", reason="None", nodes=nodes, batch_host=nodes[0], batch_pid=self.batch_pid,
@@ -294,12 +312,18 @@ class Supervisor:
         )
         self.log(f"run {restarts + 1} started on {compress(nodes)}: pid {self.batch_pid}, {shlex.join(self.argv())}")
         end = self.watch(req)
+        requeue = end == "REQUEUE" or (end == "NODE_FAIL" and req.requeue)
         if end:
-            words = {"CANCELLED": "", "TIMEOUT": " DUE TO TIME LIMIT", "REQUEUE": " DUE TO JOB REQUEUE"}[end]
             when = timestamp(time.time())
-            message = f"slurmstepd-{nodes[0]}: error: *** JOB {self.record.job_id} ON {nodes[0]} CANCELLED AT {when}{words} ***\n"
+            message = (
+                f"slurmstepd-{nodes[0]}: error: *** JOB {self.record.job_id} ON {nodes[0]} "
+                f"CANCELLED AT {when}{KILL_WORDS[end]} ***\n"
+            )
             os.write(err_fd, message.encode())
-            self.record.update(state="REQUEUED" if end == "REQUEUE" else "COMPLETING", reason="None")
+            if requeue:  # Slurm counts the restart when it requeues, before the kill
+                self.record.update(state="COMPLETING", reason="None", restarts=restarts + 1, requeueing=True)
+            else:
+                self.record.update(state="COMPLETING", reason="None")
         left = proctree.terminate(os.getpid(), KILL_WAIT_S, self.reap)
         if left:
             self.log(f"processes that would not die: {left}")
@@ -309,15 +333,15 @@ class Supervisor:
         status = self.batch_status if self.batch_status is not None else 0
         code, sig = (os.waitstatus_to_exitcode(status), 0) if os.WIFEXITED(status) else (0, os.WTERMSIG(status))
         self.log(f"run {restarts + 1} ended: {end or 'batch script exited'}, exit {code}:{sig}")
-        if end == "REQUEUE":
+        if requeue:
             delay = float(self.spec.get("requeue_delay", REQUEUE_DELAY_S))
             self.record.update(
-                state="PENDING", reason="BeginTime", restarts=restarts + 1, exit_code=[code, sig],
+                state="PENDING", reason="BeginTime", requeueing=False, exit_code=[code, sig],
                 eligible_time=time.time() + delay, nodes=[], end_time=time.time(),
             )
             return "requeue"
         if end:
-            final, reason = end, ("TimeLimit" if end == "TIMEOUT" else "None")
+            final, reason = end, {"TIMEOUT": "TimeLimit", "NODE_FAIL": "NodeDown"}.get(end, "None")
         elif code == 0 and sig == 0:
             final, reason = "COMPLETED", "None"
         else:
@@ -327,8 +351,22 @@ class Supervisor:
         self.record.take_requests()  # posted while it was ending: nothing left to act on
         return final
 
+    def failed_nodes(self, req: Request) -> bool:
+        """Whether a node of the run went DOWN so that the job must die; with --no-kill it leaves the job instead."""
+        down = down_nodes(self.record.root)
+        failed = [n for n in self.nodes if n in down]
+        if not failed:
+            return False
+        self.log(f"node failure: {compress(failed)} DOWN ({down[failed[0]].get('reason', '')})")
+        if not req.no_kill or self.nodes[0] in failed:
+            return True
+        self.nodes = [n for n in self.nodes if n not in failed]
+        self.record.update(nodes=self.nodes)
+        self.log(f"--no-kill: {compress(failed)} removed from the job, which goes on on {compress(self.nodes)}")
+        return False
+
     def watch(self, req: Request) -> str | None:
-        """Wait for the batch script; returns why it must be killed (CANCELLED, TIMEOUT, REQUEUE) or None."""
+        """Wait for the batch script; returns why it must be killed (CANCELLED, TIMEOUT, REQUEUE, NODE_FAIL) or None."""
         start = time.monotonic()
         deadline = start + req.time_limit * self.scale if req.time_limit else None
         signal_at = None
@@ -343,6 +381,8 @@ class Supervisor:
                 return "CANCELLED"
             if "requeue" in ops:
                 return "REQUEUE"
+            if self.failed_nodes(req):
+                return "NODE_FAIL"
             now = time.monotonic()
             if signal_at is not None and now >= signal_at:
                 signal_at = None
