@@ -140,6 +140,23 @@ class SlurmLab:
             return {}
         return _parse_scontrol(proc.stdout)
 
+    def kill_node(self, node: str) -> float:
+        """Lose ``node`` for real (``lab.sh kill-node``: SIGKILL its slurmd, its
+        slurmstepds and its job processes); returns when it was killed (epoch
+        seconds).  slurmctld marks it DOWN about 25 s later.  Always pair with
+        :meth:`revive`, in a ``finally``."""
+        out = _lab_sh("kill-node", self.env, timeout=60, args=[node])
+        if out.returncode != 0:
+            raise LabCommandError(out.returncode, out.args, out.stdout, out.stderr)
+        found = re.search(r" at ([0-9.]+) \(epoch s\)", out.stdout)
+        return float(found.group(1)) if found else time.time()
+
+    def revive(self, node: str) -> None:
+        """Bring a node lost with :meth:`kill_node` back (``lab.sh revive``)."""
+        out = _lab_sh("revive", self.env, timeout=90, args=[node])
+        if out.returncode != 0:
+            raise LabCommandError(out.returncode, out.args, out.stdout, out.stderr)
+
 
 def lab_env(state_dir: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (default os.environ) without inherited Slurm job/client
@@ -252,9 +269,11 @@ def wait_job(lab: SlurmLab, job_id: int | str, timeout: float = 60) -> JobResult
 # ---------------------------------------------------------------- fixture
 
 
-def _lab_sh(cmd: str, env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess:
+def _lab_sh(
+    cmd: str, env: Mapping[str, str], timeout: float, args: Sequence[str] = ()
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(LAB_SH), cmd],
+        ["bash", str(LAB_SH), cmd, *args],
         env=dict(env),
         stdin=subprocess.DEVNULL,
         capture_output=True,
