@@ -55,9 +55,10 @@ def test_signal_to_the_batch_shell_saves_commits_and_exits_85(backend: str, tmp_
         assert time.monotonic() < deadline + 60
         time.sleep(0.3)
     log = (run.path / f"slurm-{done.job_id}.out").read_text()
-    events = [json.loads(line) for line in (run.path / "attempts.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["start", "signal", "end"], log
-    assert events[-1]["exit"] == ExitCode.PRE_TIMEOUT, log
+    events = [e for e in run.events() if e.get("job_id") == done.job_id]  # the continuation's come after
+    assert [e["event"] for e in events] == ["start", "signal", "end", "next"], log
+    assert events[2]["exit"] == ExitCode.PRE_TIMEOUT, log
+    assert events[3]["how"] == "continuation" and info.state == "COMPLETED", (events, info)  # a clean stop, not FAILED
     assert "stop requested" in log
     last_step = json.loads(metrics.read_text().splitlines()[-1])["step"]
     generation = latest_committed(run.path / "checkpoints")
