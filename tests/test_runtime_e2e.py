@@ -40,6 +40,7 @@ def run_job(backend: str, tmp_path: Path, fault: str | None, *, checks: list[str
         "parallel": {"tp": 2},
         "signal": {"lead_s": 60},
         "rendezvous": {"timeout": 8},
+        "restart": {"mode": "none"},  # the verdicts themselves; test_recovery_e2e restarts
         "preflight": {"checks": checks},
         "runs_root": str(tmp_path / "runs"),
         "env": env,

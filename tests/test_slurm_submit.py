@@ -107,7 +107,8 @@ def test_each_rank_gets_what_the_plan_says(lab_env, tmp_path: Path) -> None:  # 
             rank = int(line.split(":", 1)[0])
             assert line.endswith(f"rank {rank} reporting from {attempt['hosts'][slot]}")
     events = [json.loads(line) for line in (run.path / "attempts.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["start", "end"] and events[-1]["exit"] == 0
+    assert [e["event"] for e in events] == ["start", "end", "next"] and events[1]["exit"] == 0
+    assert events[-1]["how"] == "stop" and events[-1]["reason"] == "training finished"
     assert run.read_state()["state"] == "submitted" and run.read_state()["job_id"] == done.job_id
 
 
@@ -125,9 +126,14 @@ def test_failing_rank_ends_the_job_with_the_script_code(lab_env, tmp_path: Path)
     job = load_job(lab_spec(tmp_path, command=["python3", str(script)]))
     done = submit_job(job, "slurm")
     started = time.monotonic()
-    info = wait_done(done.job_id, timeout=60)
-    assert time.monotonic() - started < 50  # --kill-on-bad-exit, not the 120 s sleep
-    assert info.state == "FAILED" and info.exit_code == ExitCode.SCRIPT_FAILED
+    info = wait_done(done.job_id, timeout=90)
+    assert time.monotonic() - started < 80  # --kill-on-bad-exit, not the 120 s sleeps
+    # 84, a restart in place, 84 again with no checkpoint in between: restarting cannot help (87).
+    assert info.state == "FAILED" and info.exit_code == ExitCode.BUDGET_EXHAUSTED
+    events = done.run.events()
+    assert [e["exit"] for e in events if e["event"] == "end"] == [ExitCode.SCRIPT_FAILED, ExitCode.BUDGET_EXHAUSTED]
+    nexts = [e for e in events if e["event"] == "next"]
+    assert [e["how"] for e in nexts] == ["allocation", "stop"] and "no progress" in nexts[-1]["reason"]
 
 
 def test_no_sbatch_is_exit_69_and_writes_nothing(lab_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
