@@ -88,6 +88,17 @@ def first_step(run: RunDir, attempt: int) -> int:
     return json.loads(path.read_text().splitlines()[0])["step"]
 
 
+def past_a_checkpoint(run: RunDir) -> None:
+    """Training went beyond the first committed checkpoint (step INTERVAL - 1): a restart has one to resume."""
+    path = run.attempt(1) / rundir.METRICS
+
+    def far() -> bool:
+        lines = path.read_text().splitlines() if path.exists() else []
+        return bool(lines) and json.loads(lines[-1])["step"] >= INTERVAL + 2
+
+    wait_for("training past the first checkpoint", far, run=run)
+
+
 def nothing_left(backend: str, run: RunDir) -> None:
     be = get_backend(backend)
     for job in run_jobs(run):
@@ -97,6 +108,7 @@ def nothing_left(backend: str, run: RunDir) -> None:
 def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(backend: str, tmp_path: Path) -> None:
     done = submit(backend, tmp_path, "rec-kill")
     run = done.run
+    past_a_checkpoint(run)
     report = drill(run, "--kill", "1")
     assert report["code"] == ExitCode.SCRIPT_FAILED
     stop = wait_for("the run to finish", lambda: run_stopped(run), run=run)
@@ -116,8 +128,9 @@ def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(b
 
 def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path) -> None:
     done = submit(backend, tmp_path, "rec-hang", steps=400, spares=1,
-                  watchdog={"hang_timeout": "20s"})
+                  watchdog={"hang_timeout": "20s", "save_timeout": "15s"})  # the stop may come during a save
     run = done.run
+    past_a_checkpoint(run)
     report = drill(run, "--hang", "1")
     assert report["code"] == ExitCode.HANG and report["culprit_right"]
     before = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())
@@ -139,7 +152,7 @@ def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path)
 def test_a_lost_node_without_a_spare_continues_in_a_new_job_that_excludes_it(backend: str, tmp_path: Path) -> None:
     done = submit(backend, tmp_path, "rec-node", steps=400)
     run = done.run
-    wait_for("attempt 1", lambda: (run.attempt(1) / rundir.MANIFEST).exists(), run=run)
+    past_a_checkpoint(run)
     lost = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"][1]
     report = drill(run, "--node", lost)
     assert report["code"] == ExitCode.NODE_LOST

@@ -42,7 +42,7 @@ def test_a_clean_stop_continues_uncounted_and_exits_zero() -> None:
 
 def test_slurm_requeue_and_cancel_submit_nothing() -> None:
     requeued = decide(Ended(ExitCode.PRE_TIMEOUT, (), 40), situation(slurm_end="requeued"), Policy())
-    assert requeued.action == "stop" and requeued.exit_code == 0
+    assert requeued.action == "slurm" and requeued.exit_code == 0
     for ended in (Ended(ExitCode.PRE_TIMEOUT), Ended(ExitCode.SCRIPT_FAILED, ("n1",))):
         assert decide(ended, situation(slurm_end="cancelled"), Policy()).action == "stop"
         assert decide(ended, situation(cancel_by="clusterctl cancel"), Policy()).action == "stop"

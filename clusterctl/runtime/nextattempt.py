@@ -149,7 +149,7 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
     return proc.stdout.strip().split(";")[0]
 
 
-def remember(run: RunDir, run_json: dict[str, Any], decision: Decision, ended: Ended) -> None:
+def remember(run: RunDir, decision: Decision, ended: Ended) -> None:
     """Culprit nodes become suspects of the runs root (excluded by later submissions for a while)."""
     if not decision.newly_excluded:
         return
@@ -196,14 +196,14 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
         emit(ACTION="exit", EXIT=0)
         return 0
     _close_open_attempt(run, events, job_id)
-    faults, exclude = history(events)
+    _, exclude = history(events)
     exclude = list(dict.fromkeys([*(run_json.get("exclude") or []), *exclude]))
     alloc = allocation(env)
     picked = pick_hosts(tuple(alloc[:nodes]), tuple(alloc), set(exclude), nodes) if alloc else None
     if picked is None and alloc:
         bad = sorted(set(alloc) & set(exclude))
         why = f"this job's nodes include {', '.join(bad)}, which the run avoids, and too few spares are left"
-        return _carry_out(run, run_json, Decision("continue", 0, 0, why, exclude=exclude), Ended(0), 0, job_id, env, None, [])
+        return _carry_out(run, Decision("continue", 0, 0, why, exclude=exclude), Ended(0), 0, job_id, env, None)
     hosts, replaced = picked if picked else (alloc[:nodes], {})
     if replaced:
         log("avoiding " + ", ".join(f"{a} (spare {b} takes its place)" for a, b in replaced.items()))
@@ -249,18 +249,17 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     decision = decide(ended, situation, Policy.from_run(run_json))
     run.append_event(rundir.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,
                      committed_step=ended.committed_step, **({"verdict": ended.reason} if ended.reason else {}))
-    return _carry_out(run, run_json, decision, ended, args.attempt, job_id, env, args.signal, list(situation.rank_hosts))
+    return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal)
 
 
-def _carry_out(
-    run: RunDir, run_json: dict[str, Any], d: Decision, ended: Ended, attempt: int, job_id: str,
-    env: dict[str, str], signal: str | None, hosts_before: list[str],
-) -> int:
+def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None) -> int:
+    if d.action == "continue" and cancelled_by(run):  # a cancel came while this step decided
+        d.action, d.exit_code, d.reason = "stop", d.record_code, f"stopped: by {cancelled_by(run)}"
     common: dict[str, Any] = {
         "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
         "counted": d.counted, "culprit_hosts": list(ended.culprit_hosts), "committed_step": ended.committed_step,
     }
-    remember(run, run_json, d, ended)
+    remember(run, d, ended)
     log(d.reason)
     if d.action == "restart":
         run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
@@ -285,8 +284,7 @@ def _carry_out(
         run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_REQUEUE, **common)
         emit(ACTION="requeue", EXIT=d.exit_code)
         return 0
-    how = rundir.NEXT_SLURM if d.reason.startswith("Slurm requeued") else rundir.NEXT_STOP
-    run.append_event(rundir.EVENT_NEXT, how=how, **common)
+    run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_SLURM if d.action == "slurm" else rundir.NEXT_STOP, **common)
     emit(ACTION="exit", EXIT=d.exit_code)
     return 0
 

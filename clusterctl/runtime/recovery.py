@@ -35,7 +35,7 @@ FAULTS = frozenset({
 })
 EXCLUDE_CULPRITS = frozenset({ExitCode.PREFLIGHT_FAILED, ExitCode.HANG, ExitCode.STRAGGLER, ExitCode.NODE_LOST})
 
-Action = Literal["restart", "continue", "requeue", "stop"]
+Action = Literal["restart", "continue", "requeue", "slurm", "stop"]  # slurm: Slurm's own requeue goes on
 # How Slurm ended the job around us, as the batch script saw it (see nextattempt.slurm_end).
 SlurmEnd = Literal["running", "cancelled", "requeued", "preempted", "timeout"]
 
@@ -134,12 +134,12 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
     code = ended.code
     exclude = list(dict.fromkeys(s.excluded))
     if s.cancel_by or s.slurm_end == "cancelled":
-        who = s.cancel_by or "the job was cancelled (scancel)"
-        return Decision("stop", code, code, f"stopped by {who}", exclude=exclude)
+        who = f"by {s.cancel_by}" if s.cancel_by else "the job was cancelled (scancel)"
+        return Decision("stop", code, code, f"stopped: {who}", exclude=exclude)
     if code == ExitCode.OK:
         return Decision("stop", 0, 0, "training finished", exclude=exclude)
     if s.slurm_end == "requeued":
-        return Decision("stop", 0, code, "Slurm requeued the job: its next start continues the run", exclude=exclude)
+        return Decision("slurm", 0, code, "Slurm requeued the job: its next start continues the run", exclude=exclude)
     if code == ExitCode.DO_NOT_REQUEUE:
         return Decision("stop", code, code, "the job asked not to be requeued (exit 93)", exclude=exclude)
     if code == ExitCode.PRE_TIMEOUT or s.slurm_end in ("preempted", "timeout"):
