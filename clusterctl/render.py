@@ -34,7 +34,7 @@ WRAPPER_TEMPLATE = "wrapper.sh.j2"
 SBATCH_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@:=,-]*$")
 PASSTHROUGH = [c for c in ExitCode if 80 <= c <= 87 or c == ExitCode.DO_NOT_REQUEUE]
 RUN_JSON_VERSION = 1
-VERDICT_GRACE_S = 30  # srun may outlive a verdict this long (tasks on a lost node) before the batch script stops it
+VERDICT_GRACE_S = 15  # srun may outlive a verdict this long (tasks on a lost node) before the batch script stops it
 
 
 def single_quote(value: object) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import BACKEND_SITES
+from conftest import BACKEND_SITES, cancel_slurm_jobs_under
 
 from clusterctl import rundir
 from clusterctl.backends import get_backend
@@ -244,3 +244,28 @@ def test_requeue_by_hand_excludes_the_culprit_and_resumes_on_fewer_ranks(tmp_pat
     assert first_step(run, 2) == report["resume_step"] == nexts(run)[0]["committed_step"] + 1
     assert cli("cancel", str(run.path)).exit_code == 0
     nothing_left("local", run)
+
+
+@pytest.mark.slurm
+def test_a_node_lost_for_real_is_replaced_by_the_spare_inside_the_allocation(
+    slurm_lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: ANN001
+) -> None:
+    """Its slurmd and every process on it killed (lab.sh kill-node): --no-kill keeps the allocation,
+    the verdict (86) names the node, srun is given up on, and the spare takes the node's slot."""
+    monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
+    done = submit("slurm", tmp_path, "rec-lost", steps=400, spares=1, topology={"exclude": []})
+    run = done.run
+    past_a_checkpoint(run)
+    before = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())
+    lost = before["hosts"][1]  # not the batch host
+    try:
+        slurm_lab.kill_node(lost)
+        restart = wait_for("the restart", lambda: nexts(run), 150, run)[0]
+        assert restart["how"] == rundir.NEXT_ALLOCATION and restart["exit"] == ExitCode.NODE_LOST, history(run)
+        assert restart["exclude"] == [lost] and list(restart["replaced"]) == [lost]
+        assert restart["hosts"][0] == before["hosts"][0] and restart["hosts"][1] not in before["hosts"]
+        assert first_step(run, 2) == restart["committed_step"] + 1
+        assert json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())["job_id"] == done.job_id
+    finally:
+        cancel_slurm_jobs_under(tmp_path)
+        slurm_lab.revive(lost)

@@ -86,6 +86,14 @@ def parse_srun_lines(lines: list[str]) -> list[TaskEnd]:
     return ends
 
 
+_NODE_FAILURE = re.compile(r"srun: error: Node failure on (?P<node>\S+)")
+
+
+def node_failures(lines: list[str]) -> set[str]:
+    """Nodes srun says failed (Slurm declared them down while the step ran on them)."""
+    return {m.group("node") for line in lines if (m := _NODE_FAILURE.search(line))}
+
+
 @dataclass
 class Facts:
     world: int
@@ -96,6 +104,7 @@ class Facts:
     srun: list[TaskEnd] = field(default_factory=list)
     deaths: dict[int, float] = field(default_factory=dict)  # rank -> when its process was seen gone
     lost_nodes: dict[str, float] = field(default_factory=dict)  # node -> when its aggregator vanished
+    failed_nodes: set[str] = field(default_factory=set)  # srun: "Node failure on NODE" (Slurm declared it down)
 
     def host(self, rank: int) -> str:
         slot = rank // self.gpus_per_node
@@ -174,32 +183,42 @@ def judge_end(facts: Facts) -> Verdict | None:
 
 
 def _lost_node(facts: Facts, ended_by: dict[int, TaskEnd]) -> Verdict | None:
+    """The first node whose aggregator vanished and whose ranks went with it: all seen gone, or none
+    seen at all (a node that dies takes its observer along; srun may only say "Node failure")."""
     for node, when in sorted(facts.lost_nodes.items(), key=lambda item: item[1]):
         ranks = [r for r in range(facts.world) if facts.host(r) == node]
         if not ranks:
             continue
-        gone = [r for r in ranks if r in ended_by or r in facts.deaths]
-        if len(gone) < len(ranks):
+        seen = [r for r in ranks if r in ended_by or r in facts.deaths]
+        silent = not seen and node == min(facts.lost_nodes, key=facts.lost_nodes.__getitem__)
+        if len(seen) < len(ranks) and not silent and node not in facts.failed_nodes:
             continue  # its aggregator went, but its ranks did not: not a lost node
-        victims = [
-            facts.entry(r, _victim_reason(facts, r, ended_by.get(r)))
-            for r in range(facts.world)
-            if r not in ranks and (r in facts.errors or r in ended_by)
-        ]
-        return Verdict(
-            False,
-            int(ExitCode.NODE_LOST),
-            f"node {node} lost: its aggregator and all its {len(ranks)} rank(s) ({ranks[0]}..{ranks[-1]}) vanished at"
-            f" once; {len(victims)} rank(s) elsewhere stopped because of it",
-            [facts.entry(r, f"node {node} lost") for r in ranks],
-            {
-                "node": node,
-                "aggregator_lost_at": when,
-                "srun": [f"{e.node}: task(s) {','.join(map(str, e.ranks))}: {e.what}" for e in facts.srun],
-            },
-            victims,
-        )
+        return lost_node_verdict(facts, node, when, ended_by)
     return None
+
+
+def lost_node_verdict(facts: Facts, node: str, when: float, ended_by: dict[int, TaskEnd] | None = None) -> Verdict:
+    """Node `node` is lost: its ranks are the culprits, every other rank that stopped is a victim."""
+    ended_by = ended_by or {}
+    ranks = [r for r in range(facts.world) if facts.host(r) == node]
+    victims = [
+        facts.entry(r, _victim_reason(facts, r, ended_by.get(r)))
+        for r in range(facts.world)
+        if r not in ranks and (r in facts.errors or r in ended_by or not ended_by)
+    ]
+    return Verdict(
+        False,
+        int(ExitCode.NODE_LOST),
+        f"node {node} lost: its aggregator and all its {len(ranks)} rank(s) ({ranks[0]}..{ranks[-1]}) vanished at"
+        f" once; {len(victims)} rank(s) elsewhere stopped because of it",
+        [facts.entry(r, f"node {node} lost") for r in ranks],
+        {
+            "node": node,
+            "aggregator_lost_at": when,
+            "srun": [f"{e.node}: task(s) {','.join(map(str, e.ranks))}: {e.what}" for e in facts.srun],
+        },
+        victims,
+    )
 
 
 def _failing_code(code: int | None) -> bool:

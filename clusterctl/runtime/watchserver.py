@@ -29,12 +29,13 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import write_json_atomic
 from clusterctl.runtime import registry
-from clusterctl.runtime.blame import Facts, TaskEnd, judge_end, parse_srun_lines
+from clusterctl.runtime.blame import Facts, TaskEnd, judge_end, lost_node_verdict, node_failures, parse_srun_lines
 from clusterctl.runtime.watchdog import Watchdog
 
 CHECK_EVERY_S = 0.25
 MAX_LINE = 1 << 24
 DUMP_WAIT_S = 3.0  # how long the survivors get to write their stacks before they are stopped
+NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 SETTLE_S = 2.0  # how long the end-of-attempt judgement waits for the aggregators' last words
 
 
@@ -43,6 +44,13 @@ def _task_ends(srun_log: Path) -> list[TaskEnd]:
         return parse_srun_lines(srun_log.read_text(errors="replace").splitlines())
     except OSError:
         return []
+
+
+def _node_failures(srun_log: Path) -> set[str]:
+    try:
+        return node_failures(srun_log.read_text(errors="replace").splitlines())
+    except OSError:
+        return set()
 
 
 def _written(attempt_dir: Path, rank: int) -> bool:
@@ -156,7 +164,7 @@ class WatchServer:
             deaths = {r.rank: r.gone_at for r in states if r.gone_at is not None}
             lost = dict(self.lost_nodes)
         wd = self.watchdog
-        facts = Facts(wd.world, wd.hosts, wd.gpn, gpus, errors, _task_ends(srun_log), deaths, lost)
+        facts = Facts(wd.world, wd.hosts, wd.gpn, gpus, errors, _task_ends(srun_log), deaths, lost, _node_failures(srun_log))
         return judge_end(facts)
 
     def close(self) -> None:
@@ -284,18 +292,32 @@ class WatchServer:
             self.changed.notify_all()
 
     def _check(self) -> None:
+        now = time.time()
         with self.lock:
-            if not self.armed or self.finding is not None or self.lost_nodes:
+            if not self.armed or self.finding is not None:
                 return
-            if any(r.process == "gone" or r.closed for r in self.watchdog.ranks):
+            if self.lost_nodes:
+                finding = self._node_lost(now)
+            elif any(r.process == "gone" or r.closed for r in self.watchdog.ranks):
                 return  # ranks are ending: the end-of-attempt judgement decides, not the hang clock
-            finding = self.watchdog.check(time.time())
+            else:
+                finding = self.watchdog.check(now)
             if finding is None:
                 return
             self.finding = finding
-            self._write({"t": time.time(), "kind": "verdict", "code": finding.code, "message": finding.message})
+            self._write({"t": now, "kind": "verdict", "code": finding.code, "message": finding.message})
             self._timeline.flush()
         self.on_finding(finding)
+
+    def _node_lost(self, now: float) -> registry.Verdict | None:
+        """An aggregator gone without goodbye for NODE_LOST_CONFIRM_S: its node is lost, said now rather
+        than when srun ends, which on a dead node waits until Slurm declares it down (SlurmdTimeout)."""
+        node, when = min(self.lost_nodes.items(), key=lambda item: item[1])
+        if now - when < NODE_LOST_CONFIRM_S:
+            return None
+        wd = self.watchdog
+        deaths = {r.rank: r.gone_at for r in wd.ranks if r.gone_at is not None}
+        return lost_node_verdict(Facts(wd.world, wd.hosts, wd.gpn, deaths=deaths, lost_nodes=dict(self.lost_nodes)), node, when)
 
     def _write(self, record: dict[str, Any]) -> None:
         self._timeline.write(json.dumps(record) + "\n")
