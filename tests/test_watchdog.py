@@ -311,3 +311,15 @@ def test_a_requested_stop_that_srun_cut_short_is_not_a_failure() -> None:
     ]
     assert stopped_on_request(parse_srun_lines(lines))
     assert not stopped_on_request(parse_srun_lines(["srun: error: n1: task 0: Killed", "srun: error: n1: task 1: Terminated"]))
+
+
+def test_a_node_that_died_with_its_aggregator_is_lost_though_its_ranks_were_never_seen_ending() -> None:
+    # lab.sh kill-node n2: its aggregator's connection drops first; rank 0 fails on the broken peer;
+    # Slurm later kills the aggregator step on n1 too and srun says "Node failure on n2".
+    lines = ["srun: error: n1: task 0: Exited with exit code 1", "srun: launch/slurm: _step_signal: Terminating StepId=1.0",
+             "srun: error: Node failure on n2", "srun: error: n1: task 1: Killed"]
+    facts = Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines), lost_nodes={"n2": 5.0, "n1": 31.0},
+                  failed_nodes={"n2"}, errors={0: "RuntimeError: Connection closed by peer"})
+    verdict = judge_end(facts)
+    assert verdict.code == ExitCode.NODE_LOST and [c["rank"] for c in verdict.culprits] == [2, 3]
+    assert verdict.evidence["node"] == "n2" and 0 in [v["rank"] for v in verdict.victims]

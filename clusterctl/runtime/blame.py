@@ -190,7 +190,10 @@ def _lost_node(facts: Facts, ended_by: dict[int, TaskEnd]) -> Verdict | None:
         if not ranks:
             continue
         seen = [r for r in ranks if r in ended_by or r in facts.deaths]
-        silent = not seen and node == min(facts.lost_nodes, key=facts.lost_nodes.__getitem__)
+        # Unseen ranks on the first node to vanish went with it, unless a rank elsewhere was killed
+        # before srun began terminating: that rank failed on its own, and only an aggregator went.
+        killed_elsewhere = any(e.signalled and not e.after_terminate and e.node != node for e in facts.srun)
+        silent = not seen and not killed_elsewhere and node == min(facts.lost_nodes, key=facts.lost_nodes.__getitem__)
         if len(seen) < len(ranks) and not silent and node not in facts.failed_nodes:
             continue  # its aggregator went, but its ranks did not: not a lost node
         return lost_node_verdict(facts, node, when, ended_by)
