@@ -58,6 +58,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from clusterctl.rundir import read_json as load_json
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
 LAB = REPO / "tests" / "slurmlab" / "lab.sh"
@@ -73,14 +75,6 @@ Show = Callable[[str], None]
 
 
 # --- run directories ---------------------------------------------------------------
-def load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def records(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text()

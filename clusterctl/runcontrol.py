@@ -22,7 +22,7 @@ from clusterctl import hostlist, rundir
 from clusterctl.backends import Backend, JobInfo, get_backend
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir, write_json_atomic
+from clusterctl.rundir import RunDir, read_json, write_json_atomic
 
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0
@@ -43,6 +43,10 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def _load_obj(path: Path) -> dict[str, Any]:
+    return read_json(path) or {}
 
 
 def backend_of(run: RunDir) -> Backend:
@@ -93,18 +97,8 @@ def wait_ended(backend: Backend, job_ids: list[str], timeout: float, show: Calla
 
 
 def _signal_name(run: RunDir) -> str:
-    run_json = _load(run.run_json)
+    run_json = _load_obj(run.run_json)
     return str((run_json.get("signal") or {}).get("name") or "USR2")
-
-
-def _load(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def stop_jobs(
@@ -152,7 +146,7 @@ def cancel_run(run: RunDir, save: bool, timeout: float, show: Callable[[str], No
 def last_culprit_nodes(run: RunDir) -> list[str]:
     """The nodes the latest verdict blamed."""
     for n in reversed(run.attempts()):
-        verdict = _load(run.attempt(n) / rundir.VERDICT)
+        verdict = _load_obj(run.attempt(n) / rundir.VERDICT)
         if verdict:
             if verdict.get("ok", True):
                 return []
@@ -162,7 +156,7 @@ def last_culprit_nodes(run: RunDir) -> list[str]:
 
 def run_exclusion(run: RunDir) -> list[str]:
     """The nodes the run avoids now: the spec's, and every later decision's (the latest `next`/`requeue` says all)."""
-    exclude = list(_load(run.run_json).get("exclude") or [])
+    exclude = list(_load_obj(run.run_json).get("exclude") or [])
     for event in run.events():
         if event.get("event") in (rundir.EVENT_NEXT, rundir.EVENT_REQUEUE) and isinstance(event.get("exclude"), list):
             exclude = [str(h) for h in event["exclude"]]
@@ -181,7 +175,7 @@ def apply_overrides(run: RunDir, overrides: list[str]) -> list[str]:
     from clusterctl.runfiles import node_python
 
     job = load_job(run.path / rundir.SPEC, overrides, site=str(run.path / rundir.SITE))
-    old = _load(run.run_json)
+    old = _load_obj(run.run_json)
     layout = job.plan.dims.layout
     new_par = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "dp": layout.dp}
     old_par = old.get("parallel") or {}
@@ -254,7 +248,7 @@ def _resume_step(run: RunDir) -> int | None:
     from clusterctl.checkpoint.generations import latest_committed
 
     try:
-        found = latest_committed(run.checkpoint_dir(_load(run.run_json)))
+        found = latest_committed(run.checkpoint_dir(_load_obj(run.run_json)))
     except Exception:  # noqa: BLE001 - only for the message
         return None
     return found.step + 1 if found else None

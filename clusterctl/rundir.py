@@ -162,6 +162,15 @@ class RunDir:
         write_json_atomic(self.path / STATE, state)
 
 
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a file, or None while it is missing, being written, or not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that readers see the old or the new file, never a torn one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -34,7 +34,7 @@ from clusterctl.cli.options import JsonOpt
 from clusterctl.cpulist import format_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir
+from clusterctl.rundir import RunDir, read_json as load_json
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.runtime.watchdog import WARMUP_STEPS
 from clusterctl.runtime.watchserver import DUMP_WAIT_S
@@ -55,15 +55,6 @@ LOCAL_PREFIX = "local-"  # the local backend shows job N as local-N
 
 
 # --- the run ----------------------------------------------------------------------
-
-
-def load_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file, or None while it is missing or being written."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def end_event(events: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:

@@ -45,11 +45,7 @@ def log(message: str) -> None:
 
 # --- facts -------------------------------------------------------------------------
 def load_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return rundir.read_json(path) or {}
 
 
 def history(events: list[dict[str, Any]]) -> tuple[tuple[Fault, ...], list[str]]:
