@@ -163,8 +163,8 @@ def run_exclusion(run: RunDir) -> list[str]:
     return exclude
 
 
-def apply_overrides(run: RunDir, overrides: list[str]) -> list[str]:
-    """Re-plan the run with `--set` overrides and re-render its scripts; what changed, in words.
+def replan(run: RunDir, overrides: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The run re-planned with `--set` overrides: its files re-rendered (not yet written), and what changed.
 
     The committed checkpoints must stay loadable: tp, pp, cp and ep decide how
     the model is cut into shards, so they cannot change; a dp change is a
@@ -196,14 +196,18 @@ def apply_overrides(run: RunDir, overrides: list[str]) -> list[str]:
     rendered = render_run(job.plan, run.path, python=node_python(job), site_path=job.site_path, run_id=run.path.name)
     spec_doc = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     files = {**rendered.files, rundir.SPEC: yaml.safe_dump(spec_doc, sort_keys=False)}
-    for name, content in files.items():  # each file whole or not at all
+    changed = [f"parallel.dp {old_par.get('dp')} -> {layout.dp} (resharded on load)"] if old_par.get("dp") not in (None, layout.dp) else []
+    return files, changed + [f"--set {o}" for o in overrides]
+
+
+def write_files(run: RunDir, files: dict[str, str]) -> None:
+    """Each file whole or not at all (written aside, then renamed over the old one)."""
+    for name, content in files.items():
         tmp = run.path / f".{name}.requeue.tmp"
         tmp.write_text(content, encoding="utf-8")
         if name.endswith((".sh", ".sbatch")):
             tmp.chmod(0o755)
         tmp.replace(run.path / name)
-    changed = [f"parallel.dp {old_par.get('dp')} -> {layout.dp} (resharded on load)"] if old_par.get("dp") not in (None, layout.dp) else []
-    return changed + [f"--set {o}" for o in overrides]
 
 
 def requeue_run(
@@ -222,12 +226,15 @@ def requeue_run(
         except hostlist.HostlistError as exc:
             raise ConfigError("--exclude", [Problem("--exclude", expr, f"a node name or hostlist ({exc})")]) from None
     report = Report(run.path.name)
+    files: dict[str, str] = {}
     if overrides:
-        report.notes += apply_overrides(run, overrides)  # refuses before anything is stopped
+        files, changed = replan(run, overrides)  # refuses before anything is stopped
+        report.notes += changed
     if active_jobs(run, backend):
         # Its recovery step must not continue the run on its own: the marker holds it while it saves.
         write_json_atomic(run.path / rundir.CANCEL, {"time": time.time(), "save": True, "by": "clusterctl requeue"})
         stop_jobs(run, backend, True, timeout, show, report)
+    write_files(run, files)  # only now: a running job's restart must not pick up the new layout
     avoid = list(run_exclusion(run))
     if not keep_culprits:
         avoid += last_culprit_nodes(run)
