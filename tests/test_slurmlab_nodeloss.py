@@ -66,7 +66,7 @@ echo "survivor rc=$?"
 
 
 def test_a_no_kill_job_survives_losing_a_node_and_runs_a_step_on_the_other(slurm_lab: SlurmLab, tmp_path: Path) -> None:
-    """--exclusive: the node is killed for real, so no other session's job may share it."""
+    """--exclusive: the node is killed for real, so no other test run's job may share it."""
     path = tmp_path / "nodeloss.sbatch"
     path.write_text(NO_KILL_JOB)
     out = tmp_path / "nodeloss.out"

@@ -244,7 +244,7 @@ lab_healthy() {
     ctld_responds || return 1
     # Usable: every node responding and not down/drained (busy is fine), but
     # for the nodes lost on purpose with kill-node (until `revive`), so that
-    # another test session does not tear the lab down meanwhile.
+    # another test run does not tear the lab down meanwhile.
     killed="$(killed_nodes | wc -l)"
     usable="$(count_nodes_in '^(idle|allocated|mixed|completing)$')"
     ((usable + killed >= ${#NODES[@]}))
@@ -664,7 +664,7 @@ cmd_revive() {
     done
     while :; do
         # (a `*` suffix means not responding; a busy node is fine: other
-        # sessions' jobs may have started on it already)
+        # test runs' jobs may have started on it already)
         state="$(sinfo -h -n "$node" -o '%T' 2>/dev/null | head -n 1)"
         [[ "$state" =~ ^(idle|mixed|allocated|completing)$ ]] && break
         # ReturnToService=2 returns a node that was DOWN for not responding
