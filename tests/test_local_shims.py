@@ -334,6 +334,8 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     monkeypatch.delenv("CLUSTERCTL_LOCAL_NODES", raising=False)
     monkeypatch.delenv("CLUSTERCTL_LOCAL_TIME_SCALE", raising=False)
     monkeypatch.delenv("CLUSTERCTL_LOCAL_REQUEUE_DELAY", raising=False)
+    for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_"))]:
+        monkeypatch.delenv(name)  # a job's own variables would point the shims at it
     monkeypatch.chdir(tmp_path)
     yield root
     backend = LocalBackend()

@@ -18,6 +18,7 @@ import pytest
 from clusterctl.backends.localslurm import BIN_DIR
 from clusterctl.backends.localslurm.batchopts import OptionError, parse_request
 from clusterctl.backends.local import LocalBackend
+from test_local_shims import state  # noqa: F401 - the emulated Slurm's private state directory, shims first on PATH
 
 # What a recovery step does before it calls sbatch or scontrol for the next attempt: drop the
 # job's own SLURM_*/SBATCH_* variables (the CLUSTERCTL_LOCAL_* ones stay).
@@ -43,26 +44,6 @@ touch "ready-$SLURM_JOB_ID"
 sleep 60 &
 wait
 """
-
-
-@pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    root = tmp_path / "state"
-    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(root))
-    monkeypatch.setenv("CLUSTERCTL_LOCAL_PYTHON", sys.executable)
-    monkeypatch.setenv("PATH", f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}")
-    for name in ("CLUSTERCTL_LOCAL_NODES", "CLUSTERCTL_LOCAL_TIME_SCALE", "CLUSTERCTL_LOCAL_REQUEUE_DELAY"):
-        monkeypatch.delenv(name, raising=False)
-    for name in [n for n in os.environ if n.startswith(("SLURM_", "SBATCH_"))]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    yield root
-    backend = LocalBackend()
-    ids = [p.name for p in (root / "jobs").glob("*")] if (root / "jobs").is_dir() else []
-    for job_id in ids:
-        backend.cancel(job_id)
-    for job_id in ids:
-        wait_until(lambda j=job_id: LocalBackend().info(j).finished, 15, f"job {job_id} to end")
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from clusterctl import suspects
 from clusterctl.site import load_site
 from clusterctl.suspects import FILE, Suspect
 from helpers import REPO, assert_names, cli, expect_cli_config_error, expect_config_error, write_yaml
+from test_submit import spec_file as submit_spec
 
 HOUR = 3600.0
 
@@ -161,17 +162,7 @@ def test_an_unwritable_runs_root_is_reported_not_raised(tmp_path: Path) -> None:
 
 
 def spec_file(tmp_path: Path, **extra: Any) -> Path:
-    spec = {
-        "name": "sus",
-        "site": "local",
-        "time_limit": "10m",
-        "nodes": 2,
-        "gpus_per_node": 2,
-        "runs_root": str(tmp_path / "runs"),
-        "command": ["python3", "train.py"],
-        **extra,
-    }
-    return write_yaml(tmp_path, spec, "job.yaml")
+    return submit_spec(tmp_path, **{"name": "sus", **extra})
 
 
 def dry_run(tmp_path: Path, *args: str) -> tuple[str, Path]:
