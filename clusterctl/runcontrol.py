@@ -23,6 +23,7 @@ from clusterctl.backends import Backend, JobInfo, get_backend
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, read_json, write_json_atomic
+from clusterctl.runtime.nextattempt import avoided
 
 POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0
@@ -154,15 +155,6 @@ def last_culprit_nodes(run: RunDir) -> list[str]:
     return []
 
 
-def run_exclusion(run: RunDir) -> list[str]:
-    """The nodes the run avoids now: the spec's, and every later decision's (the latest `next`/`requeue` says all)."""
-    exclude = list(_load_obj(run.run_json).get("exclude") or [])
-    for event in run.events():
-        if event.get("event") in (rundir.EVENT_NEXT, rundir.EVENT_REQUEUE) and isinstance(event.get("exclude"), list):
-            exclude = [str(h) for h in event["exclude"]]
-    return exclude
-
-
 def replan(run: RunDir, overrides: list[str]) -> tuple[dict[str, str], list[str]]:
     """The run re-planned with `--set` overrides: its files re-rendered (not yet written), and what changed.
 
@@ -235,7 +227,7 @@ def requeue_run(
         write_json_atomic(run.path / rundir.CANCEL, {"time": time.time(), "save": True, "by": "clusterctl requeue"})
         stop_jobs(run, backend, True, timeout, show, report)
     write_files(run, files)  # only now: a running job's restart must not pick up the new layout
-    avoid = list(run_exclusion(run))
+    avoid = avoided(_load_obj(run.run_json), run.events())
     if not keep_culprits:
         avoid += last_culprit_nodes(run)
     avoid += [n for expr in exclude for n in hostlist.expand(expr)]

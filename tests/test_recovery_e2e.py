@@ -227,8 +227,10 @@ def test_an_exhausted_budget_stops_the_run_with_87(backend: str, tmp_path: Path)
 
 def test_requeue_by_hand_excludes_the_culprit_and_resumes_on_fewer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
-    done = submit("local", tmp_path, "rec-requeue", steps=400, restart={"mode": "none"})
+    done = submit("local", tmp_path, "rec-requeue", steps=400, restart={"mode": "none"},
+                  watchdog={"hang_timeout": "20s", "save_timeout": "15s"})  # the stop may come during a save
     run = done.run
+    past_a_checkpoint(run)
     drill(run, "--hang", "1")
     wait_for("the stop", lambda: run_stopped(run), run=run)
     culprit = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"][1]

@@ -62,6 +62,11 @@ def history(events: list[dict[str, Any]]) -> tuple[tuple[Fault, ...], list[str]]
     return tuple(faults), exclude
 
 
+def avoided(run_json: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """Every node the run avoids now: the spec's, then all that later decisions added."""
+    return list(dict.fromkeys([*(run_json.get("exclude") or []), *history(events)[1]]))
+
+
 def committed_step(run: RunDir, run_json: dict[str, Any]) -> int | None:
     try:
         from clusterctl.checkpoint.generations import latest_committed
@@ -192,8 +197,7 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
         emit(ACTION="exit", EXIT=0)
         return 0
     _close_open_attempt(run, events, job_id)
-    _, exclude = history(events)
-    exclude = list(dict.fromkeys([*(run_json.get("exclude") or []), *exclude]))
+    exclude = avoided(run_json, events)
     alloc = allocation(env)
     picked = pick_hosts(tuple(alloc[:nodes]), tuple(alloc), set(exclude), nodes) if alloc else None
     if picked is None and alloc:
@@ -236,8 +240,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
         str(verdict.get("message", "")) if not verdict.get("ok", True) else "",
     )
     events = run.events()
-    faults, exclude = history(events)
-    exclude = list(dict.fromkeys([*(run_json.get("exclude") or []), *exclude]))
+    faults, exclude = history(events)[0], avoided(run_json, events)
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, faults, tuple(exclude),
         slurm_end(job_id, bool(args.signal), env), cancelled_by(run),
