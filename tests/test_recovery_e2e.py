@@ -131,14 +131,15 @@ def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path)
                   watchdog={"hang_timeout": "20s", "save_timeout": "15s"})  # the stop may come during a save
     run = done.run
     past_a_checkpoint(run)
-    report = drill(run, "--hang", "1")
+    report = drill(run, "--hang", "0")  # the first node's: its spare sorts after the other node
     assert report["code"] == ExitCode.HANG and report["culprit_right"]
     before = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())
-    culprit = before["hosts"][1]
+    culprit = before["hosts"][0]
     restart = wait_for("the restart", lambda: nexts(run), run=run)[0]
     assert restart["how"] == rundir.NEXT_ALLOCATION and restart["exclude"] == [culprit]
     spare = next(iter(set(restart["hosts"]) - set(before["hosts"])))
-    assert restart["hosts"] == [before["hosts"][0], spare] and restart["replaced"] == {culprit: spare}
+    # In the allocation's order, as srun places the ranks (rank 0 now runs on the other node).
+    assert restart["hosts"] == [before["hosts"][1], spare] and restart["replaced"] == {culprit: spare}
     assert first_step(run, 2) == restart["committed_step"] + 1
     after = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
     assert after["hosts"] == restart["hosts"] and after["job_id"] == done.job_id

@@ -110,7 +110,8 @@ def blamed(ended: Ended, faults: tuple[Fault, ...]) -> list[str]:
 
 
 def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: set[str], nodes: int) -> tuple[list[str], dict[str, str]] | None:
-    """`nodes` healthy nodes of the allocation: untouched nodes keep their slots, spares fill the rest."""
+    """`nodes` healthy nodes of the allocation, spares in place of the avoided ones, in the allocation's
+    order: srun's block distribution places ranks on a --nodelist in that order, whatever the list says."""
     current = list(rank_hosts[:nodes]) or list(allocation[:nodes])
     spares = [h for h in allocation if h not in avoid and h not in current]
     picked: list[str] = []
@@ -127,7 +128,8 @@ def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: 
         if not spares:
             return None
         picked.append(spares.pop(0))
-    return picked, replaced
+    order = {h: i for i, h in enumerate(allocation)}
+    return sorted(picked, key=lambda h: order.get(h, len(order))), replaced
 
 
 def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
