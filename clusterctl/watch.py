@@ -49,6 +49,10 @@ def progress(run: RunDir) -> str:
     return text
 
 
+def _decisions(run: RunDir) -> list[dict[str, Any]]:
+    return [e for e in run.events() if e.get("event") == rundir.EVENT_NEXT and e.get("attempt")]
+
+
 def continued_as(run: RunDir, job_id: str) -> str | None:
     """The job that continues the run after `job_id` ended (the batch script's `next` event), if any."""
     job = None
@@ -70,9 +74,13 @@ def run_exit(run: RunDir) -> int | None:
 def follow(backend: Backend, job_id: str, run: RunDir, show: Callable[[str], None], every_s: float = 1.0) -> Outcome:
     """Poll until the run stops, following its continuation jobs; `show` gets each changed progress line."""
     shown = ""
+    told = len(_decisions(run))  # decisions made before we started following are old news
     info: JobInfo | None = None
     while True:
         info = backend.info(job_id)
+        for event in _decisions(run)[told:]:  # why the next attempt begins, or why the run stops
+            told += 1
+            show(f"attempt {event.get('attempt')} ended with exit {event.get('exit')}: {event.get('reason')}")
         line = f"{info.state if info else 'UNKNOWN'}: {progress(run)}"
         if line != shown:
             show(line)
