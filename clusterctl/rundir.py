@@ -17,7 +17,7 @@
         verdict.json           the controller's verdict: culprits, victims, evidence
         srun.log               srun's own lines (task N: Killed, ...), the blame's evidence
         stacks/rank-<R>.txt    Python stacks a rank dumped when a hang was called
-        metrics.jsonl          the trainer's per-step records (loss, step time, tokens/s, validation)
+        metrics.jsonl          the trainer's per-step records (loss, step time, tokens/s, validation, wall clock t, train_s)
         checks.json            comm/compute check results, when asked for
         logs/                  per-node logs (node-<slot>.log), lines prefixed by rank
       checkpoints/

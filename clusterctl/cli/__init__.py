@@ -6,19 +6,29 @@ from clusterctl.cli.app import new_app
 from clusterctl.cli import (
     checkpoints_cmd,
     drill_cmd,
+    logs_cmd,
     plan_cmd,
+    record_cmd,
     render_cmd,
+    report_cmd,
     run_cmds,
     schema_cmd,
     site_cmd,
+    status_cmd,
     submit_cmd,
     suspects_cmd,
+    trace_cmd,
 )
 
 app = new_app("Compile a job spec into a topology-aware distributed PyTorch job on Slurm.")
 plan_cmd.register(app)
 render_cmd.register(app)
 submit_cmd.register(app)
+status_cmd.register(app)
+logs_cmd.register(app)
+report_cmd.register(app)
+trace_cmd.register(app)
+record_cmd.register(app)
 checkpoints_cmd.register(app)
 drill_cmd.register(app)
 run_cmds.register(app)

@@ -7,8 +7,8 @@ once armed (the rendezvous passed), asks the watchdog for a verdict a few
 times a second. A verdict is handed to the controller's callback once.
 
 timeline.jsonl, one JSON object per line, `t` the controller's receive time:
-  {"t", "kind": "phase", "rank", "node", "step", "phase"}     a rank entered a phase
-  {"t", "kind": "step", "rank", "node", "step", "phase", "step_s", "compute_s"}  a rank finished a step
+  {"t", "kind": "phase", "rank", "node", "step", "phase", "at"}     a rank entered a phase (`at`: the rank's clock)
+  {"t", "kind": "step", "rank", "node", "step", "phase", "at", "step_s", "compute_s"}  a rank finished a step
   {"t", "kind": "gone", "rank", "node", "pid"}         the rank's process ended
   {"t", "kind": "gpu", "node", "gpus": {index: facts}} an NVML sample
   {"t", "kind": "node_lost", "node"}                   its aggregator vanished
@@ -258,7 +258,7 @@ class WatchServer:
                 self.watchdog.observe(beat, now)
                 if beat.get("kind") in ("phase", "step"):
                     record = {"t": now, "kind": beat["kind"], "rank": beat.get("rank"), "node": node}
-                    record.update(step=beat.get("step"), phase=beat.get("phase"))
+                    record.update(step=beat.get("step"), phase=beat.get("phase"), at=beat.get("t"))
                     if beat["kind"] == "step":
                         record.update(step_s=beat.get("step_s"), compute_s=beat.get("compute_s"))
                     self._write(record)

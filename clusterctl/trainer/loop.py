@@ -179,6 +179,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     compute_time = compute_clock()
     reached: dict[str, Any] | None = None
     began = time.time()
+    train_s = 0.0  # this attempt's time in steps so far: what the run keeps up to a checkpoint (goodput)
     hb = contract.heartbeat
     if rank == 0:
         print(f"training {config.model} ({config.parallel}) on {world} ranks from step {start} to {config.steps}", flush=True)
@@ -220,6 +221,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         mean_loss = float(step_loss) / world
         step_s = time.perf_counter() - t0
         step_times.append(step_s)
+        train_s += step_s
         hb.step_done(step, step_s, compute_s)
         if samples is not None:
             samples.write(json.dumps({"step": step, "ids": used}) + "\n")
@@ -231,6 +233,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             "step_s": round(step_s, 6),
             "compute_s": round(compute_s, 6),
             "tokens_per_s": round(config.micro * config.grad_accum * world * tokens_per_sample / step_s, 1),
+            "t": round(time.time(), 3),
+            "train_s": round(train_s, 6),
         }
         if config.eval_interval and (step + 1) % config.eval_interval == 0:
             hb.phase("eval", step)
