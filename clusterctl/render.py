@@ -163,7 +163,7 @@ def render_run(
         "exclude": ",".join(spec.topology.exclude) or None,
         "signal": spec.signal.name,
         "signal_lead": spec.signal.lead_s,
-        "batch_log": f"{run_dir}/slurm-%j.out",
+        "batch_log": f"{run_dir}/{rundir.BATCH_LOG.format(job='%j')}",
         "run_dir": str(run_dir),
         "wrapper": str(run_dir / rundir.WRAPPER),
         "port_range": port_range,

@@ -19,6 +19,7 @@
         stacks/rank-<R>.txt    Python stacks a rank dumped when a hang was called
         metrics.jsonl          the trainer's per-step records (loss, step time, tokens/s, validation, wall clock t, train_s)
         checks.json            comm/compute check results, when asked for
+        record.json            the run record's node-side part: what rank 0 of the trainer resumed from, seeds, data
         logs/                  per-node logs (node-<slot>.log), lines prefixed by rank
       checkpoints/
 """
@@ -53,7 +54,9 @@ STACKS = "stacks"
 NCCL_TRACE_PREFIX = "nccl-trace-rank"  # + rank: the NCCL flight recorder's dump (torch names it)
 NCCL_PIPE_PREFIX = "nccl-pipe-rank"  # + rank + .pipe: writing to it asks for that dump
 CANCEL = "cancel.json"
+BATCH_LOG = "slurm-{job}.out"  # one per job of the run: the batch script's own lines (sbatch --output)
 METRICS = "metrics.jsonl"  # per-step records of rank 0: step, loss, step time, tokens/s, validation
+RECORD = "record.json"  # the run record's node-side part, per attempt (runrecord.py assembles the rest)
 
 
 # attempts.jsonl events. The batch script writes start, end and signal; runtime/nextattempt.py
@@ -100,6 +103,10 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
+
+    def batch_log(self, job_id: str) -> Path:
+        """The batch log of one of the run's jobs (Slurm's own job id, as SLURM_JOB_ID has it)."""
+        return self.path / BATCH_LOG.format(job=job_id)
 
     def attempt(self, n: int) -> Path:
         return self.path / f"{ATTEMPT_PREFIX}{n}"

@@ -203,7 +203,7 @@ def test_local_job_ids_are_shown_as_local_n_and_both_forms_are_taken(local: Path
     job_id = shown.group(1)
     assert re.fullmatch(r"local-[0-9]+", job_id), job_id
     number = job_id.removeprefix("local-")
-    assert f"job {job_id} COMPLETED with exit code 0" in result.stdout
+    assert re.search(rf"^run \S+ completed in job {job_id} with exit code 0$", result.stdout, re.M), result.stdout
     (run_path,) = (local / "runs").iterdir()
     run = RunDir(run_path)
     assert run.read_state()["job_id"] == job_id and run.read_state()["backend"] == "local"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,12 @@ class Backend(ABC):
     @abstractmethod
     def info(self, job_id: str) -> JobInfo | None:
         """The job's state, or None when the scheduler no longer knows it."""
+
+    def info_many(self, job_ids: Sequence[str]) -> dict[str, JobInfo | None]:
+        """Several jobs in one scheduler query: `status` shows many runs and must not ask once per job.
+
+        This default asks one job at a time, for backends without a scheduler to spare (local)."""
+        return {job_id: self.info(job_id) for job_id in job_ids}
 
     @abstractmethod
     def cancel(self, job_id: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from clusterctl.backends.base import Backend, JobInfo, Submission
@@ -76,6 +77,25 @@ class SlurmBackend(Backend):
             raise ClusterctlError(f"scontrol show job {job_id} failed: {slurm_reason(out.stderr)}", code)
         return parse_scontrol_job(out.stdout)
 
+    def info_many(self, job_ids: Sequence[str]) -> dict[str, JobInfo | None]:
+        """One squeue call for all of them; a job squeue no longer shows is None (slurmctld forgot it)."""
+        found: dict[str, JobInfo | None] = {job_id: None for job_id in job_ids}
+        if not job_ids:
+            return found
+        out = _run(["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}", f"--format={_SQUEUE_FORMAT}"])
+        if out.returncode != 0:
+            if "Invalid job id" in out.stderr:
+                return found  # every one of them forgotten
+            code = ExitCode.BACKEND_UNAVAILABLE if UNREACHABLE.search(out.stderr) else ExitCode.BUG
+            raise ClusterctlError(f"squeue failed: {slurm_reason(out.stderr)}", code)
+        for line in out.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 4 or parts[0] not in found:
+                continue
+            job_id, state, reason, nodes = parts
+            found[job_id] = JobInfo(job_id, state, "" if reason in ("None", "(null)") else reason, nodes)
+        return found
+
     def cancel(self, job_id: str) -> None:
         out = _run(["scancel", job_id])
         if out.returncode != 0:
@@ -89,6 +109,7 @@ class SlurmBackend(Backend):
             )
 
 
+_SQUEUE_FORMAT = "%i|%T|%r|%N"  # job id, state (long form), reason, nodes
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 

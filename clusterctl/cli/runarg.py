@@ -8,12 +8,9 @@ from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
+from clusterctl.runstate import is_run
 
 RUNS = "runs"  # the default runs root, relative to where clusterctl runs
-
-
-def _is_run(path: Path) -> bool:
-    return (path / rundir.STATE).is_file() or (path / rundir.RUN_JSON).is_file()
 
 
 def _by_job(job: str, root: Path) -> Path | None:
@@ -23,13 +20,18 @@ def _by_job(job: str, root: Path) -> Path | None:
     native = job.removeprefix("local-")
     if not native.isdigit() or not root.is_dir():
         return None
-    found = [p for p in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) if _is_run(p) and native in run_jobs(RunDir(p))]
+    found = [p for p in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) if is_run(p) and native in run_jobs(RunDir(p))]
     return found[0] if found else None
 
 
-def resolve_run(arg: str) -> RunDir:
-    """A run directory path, a run id under ./runs, or a job id of a run under ./runs."""
-    root = Path.cwd() / RUNS
+def runs_root(given: Path | None) -> Path:
+    """`--runs-root`, else ./runs."""
+    return given.expanduser().absolute() if given is not None else Path.cwd() / RUNS
+
+
+def resolve_run(arg: str, root: Path | None = None) -> RunDir:
+    """A run directory path, a run id under the runs root (./runs), or a job id of a run there."""
+    root = runs_root(root)
     given = Path(arg).expanduser()
     path = given if given.exists() else root / arg
     if not path.is_dir():
@@ -38,6 +40,6 @@ def resolve_run(arg: str) -> RunDir:
         raise ClusterctlError(
             f"no run {arg!r}: neither a directory, a run id under {root}, nor a job id of a run there", ExitCode.USAGE
         )
-    if not _is_run(path):
+    if not is_run(path):
         raise ClusterctlError(f"{path} is not a run directory (no {rundir.STATE} or {rundir.RUN_JSON})", ExitCode.USAGE)
     return RunDir(path.resolve())

@@ -16,7 +16,7 @@ from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.job import load_job
 from clusterctl.submit import SuspectChoice, submit_job
 from clusterctl.units import format_duration
-from clusterctl.watch import follow
+from clusterctl.cli.wait import follow
 
 
 def _when(epoch: float) -> str:
@@ -67,6 +67,6 @@ def register(app: typer.Typer) -> None:
         for warning in done.warnings:
             console.print(Text.assemble(("warning: ", "yellow"), warning))
         if wait:
-            outcome = follow(get_backend(done.backend), done.job_id, done.run, lambda line: console.print(line))
+            outcome = follow(get_backend(done.backend), done.run, lambda line: console.print(line))
             console.print(outcome.summary)
-            raise typer.Exit(outcome.exit_code if outcome.exit_code is not None else 1)
+            raise typer.Exit(outcome.exit_code)

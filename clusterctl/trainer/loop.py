@@ -7,6 +7,7 @@ test relies on. bf16 autocast where the device supports it (CUDA with bf16).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -99,10 +100,36 @@ def wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> t
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+def bf16_autocast(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
 def autocast(device: torch.device) -> Any:
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if bf16_autocast(device):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast(device.type, enabled=False)
+
+
+def described(config: TrainConfig, world: int, device: torch.device) -> dict[str, Any]:
+    """What only this trainer knows, for the run record (Contract.describe): the plan may say otherwise."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("out_dir", "extra")}
+    if config.model == "mlp":
+        dataset = {"kind": "synthetic regression (clusterctl.trainer.data.Regression)", "features": config.hidden}
+    else:
+        dataset = {"kind": "synthetic Markov token chains (clusterctl.trainer.data.MarkovTokens)",
+                   "vocab": config.vocab, "seq_len": config.seq_len}
+    dataset.update(size=DATASET_SIZE, generator_seed=config.seed, held_out_ids_from=HELD_OUT_BASE)
+    return {
+        "training": {
+            "trainer": {"name": "clusterctl.trainer", "config": settings},
+            "schedule": {"kind": "constant", "lr": config.lr},
+            "precision": {"autocast": "bf16" if bf16_autocast(device) else None, "parameters": "fp32", "optimizer_state": "fp32"},
+            "batch": {"micro": config.micro, "grad_accum": config.grad_accum,
+                      "global": config.micro * config.grad_accum * world, "seq_len": config.seq_len},
+            "seeds": {"model_init": config.seed, "dataset": config.seed, "sampler": config.seed},
+        },
+        "data": {"dataset": dataset},
+    }
 
 
 def loss_of(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -170,6 +197,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     contract = Contract(
         model, optimizer, sampler=sampler, directory=config.checkpoint_dir, interval=config.checkpoint_interval
     )
+    contract.describe(**described(config, world, device))
     start = contract.resume()
     where = out_dir(config)
     metrics = open(where / rundir.METRICS, "a") if rank == 0 else None
@@ -235,6 +263,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
             "tokens_per_s": round(config.micro * config.grad_accum * world * tokens_per_sample / step_s, 1),
             "t": round(time.time(), 3),
             "train_s": round(train_s, 6),
+            "total_steps": config.steps,
         }
         if config.eval_interval and (step + 1) % config.eval_interval == 0:
             hb.phase("eval", step)

@@ -1,0 +1,151 @@
+"""How a run's state reads on a terminal: one line for `submit --wait`, one screen for `status`, a table for `runs`."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from clusterctl import hostlist
+from clusterctl.exitcodes import ExitCode
+from clusterctl.runstate import CANCELLED, COMPLETED, FAILED, PENDING, RESTARTING, TRAINING, Attempt, RunState, display_job
+
+STYLES = {COMPLETED: "green", FAILED: "bold red", CANCELLED: "yellow", TRAINING: "cyan", RESTARTING: "magenta", PENDING: "blue"}
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+def clock(epoch: float | None, now: float | None = None) -> str:
+    """Local time of day; the date too when it is not today."""
+    if epoch is None:
+        return "-"
+    today = time.strftime("%Y-%m-%d", time.localtime(now if now is not None else time.time()))
+    day = time.strftime("%Y-%m-%d", time.localtime(epoch))
+    return time.strftime("%H:%M:%S" if day == today else "%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def ago(epoch: float | None, now: float | None = None) -> str:
+    if epoch is None:
+        return "-"
+    return f"{duration(max(0.0, (now if now is not None else time.time()) - epoch))} ago"
+
+
+def progress(st: RunState) -> str:
+    """Step, loss, throughput and ETA, as far as they are known."""
+    parts = []
+    if st.step is not None:
+        parts.append(f"step {st.step}" + (f"/{st.total_steps}" if st.total_steps else ""))
+    if st.loss is not None:
+        parts.append(f"loss {st.loss:.4f}")
+    if st.tokens_per_s and st.state == TRAINING:
+        parts.append(f"{st.tokens_per_s:,.0f} tokens/s")
+    if st.eta_s is not None:
+        parts.append(f"ETA {duration(st.eta_s)}")
+    return ", ".join(parts)
+
+
+def culprits(st: RunState) -> str:
+    found = st.attempts[-1].culprits if st.attempts else []
+    named = [f"rank {c.get('rank')} on {c.get('host')}" if c.get("rank") is not None else str(c.get("host")) for c in found]
+    return "; culprit " + ", ".join(named) if named else ""
+
+
+def status_line(st: RunState) -> str:
+    """One line: what `submit --wait` prints whenever it changes."""
+    attempt = f"attempt {st.attempts[-1].attempt}" if st.attempts else ""
+    head = st.state + (f" (exit {st.exit_code})" if st.state in (FAILED, CANCELLED) and st.exit_code not in (None, 0) else "")
+    detail = ", ".join(p for p in ((attempt if st.state == TRAINING else ""), progress(st) if st.state == TRAINING else "") if p)
+    reason = st.reason + (culprits(st) if st.state in (FAILED, RESTARTING) else "")
+    return f"{head}: " + "; ".join(p for p in (detail, reason) if p) if (detail or reason) else head
+
+
+def _nodes(a: Attempt) -> str:
+    try:
+        return hostlist.compress(a.nodes) if a.nodes else "-"
+    except ValueError:
+        return ",".join(a.nodes)
+
+
+def _steps(a: Attempt) -> str:
+    if not a.steps:
+        return "0"
+    return f"{a.first_step}-{a.last_step}" + ("" if a.kept_steps == a.steps else f" ({a.kept_steps} kept)")
+
+
+def short_meaning(a: Attempt) -> str:
+    """A word or two for the table (`script failed`, `hang`, `pre timeout`); the full meaning is in --json."""
+    if a.exit_code is None:
+        return a.meaning if a.end is None else "no end recorded"
+    try:
+        return ExitCode(a.exit_code).name.lower().replace("_", " ")
+    except ValueError:
+        return f"exit {a.exit_code}"
+
+
+NEXT_WORDS = {"allocation": "restart", "continuation": "job", "requeue": "requeue", "slurm": "requeue", "stop": "stop"}
+
+
+def attempts_table(st: RunState, now: float | None = None) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("#", "job", "nodes", "start", "took", "exit", "meaning", "steps", "then"):
+        table.add_column(column, overflow="fold", no_wrap=column not in ("then", "meaning"))
+    for a in st.attempts:
+        then = NEXT_WORDS.get(a.next or "", a.next or "") + (f" {display_job(a.next_job, st.backend)}" if a.next_job else "")
+        table.add_row(str(a.attempt), display_job(a.job_id, st.backend) or "-", _nodes(a), clock(a.start, now),
+                      duration((a.end or (now if now is not None else time.time())) - a.start) if a.start else "-", "-" if a.exit_code is None else str(a.exit_code),
+                      short_meaning(a), _steps(a), then)
+    return table
+
+
+def verdict_lines(st: RunState) -> list[Text]:
+    """Each attempt's verdict in full, under the table where it has room."""
+    return [Text(f"  attempt {a.attempt}: {a.verdict}") for a in st.attempts if a.verdict]
+
+
+def run_screen(st: RunState, now: float | None = None) -> RenderableType:
+    """Everything `status RUN` shows about one run."""
+    head = Text.assemble((st.run, "bold"), "  ", (st.state.upper(), STYLES.get(st.state, "")))
+    if st.reason:
+        head.append(f"  {st.reason}")
+    if st.state in (FAILED, RESTARTING):
+        head.append(culprits(st))
+    facts = [f"job {st.job_id or '-'}"]
+    if progress(st):
+        facts.append(progress(st))
+    facts.append(f"checkpoint step {st.checkpoint}" if st.checkpoint is not None else "no committed checkpoint")
+    if st.goodput is not None:
+        facts.append(f"goodput {st.goodput:.1%} ({st.lost_gpu_hours:.3f} of {st.allocated_gpu_hours:.3f} GPU-hours lost)")
+    facts.append(f"last change {ago(st.last_change, now)}")
+    parts: list[RenderableType] = [head, Text("  " + " · ".join(facts))]
+    if st.attempts:
+        parts.append(attempts_table(st, now))
+        parts.extend(verdict_lines(st))
+    parts.append(Text(f"  {st.path}", style="dim"))
+    return Group(*parts)
+
+
+def runs_table(states: list[RunState], now: float | None = None) -> Table:
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("run", "state", "step", "attempts", "job", "last change", "reason"):
+        table.add_column(column, overflow="fold", no_wrap=column != "reason", min_width=12 if column == "reason" else None)
+    for st in states:
+        step = "-" if st.step is None else str(st.step) + (f"/{st.total_steps}" if st.total_steps else "")
+        table.add_row(st.run, Text(st.state, style=STYLES.get(st.state, "")), step, str(len(st.attempts)), st.job_id or "-",
+                      ago(st.last_change or st.submitted, now), st.reason)
+    return table
+
+
+def runs_json(st: RunState) -> dict[str, object]:
+    return {"run": st.run, "name": st.name, "path": str(st.path), "state": st.state, "reason": st.reason, "step": st.step,
+            "attempts": len(st.attempts), "job_id": st.job_id, "last_change": st.last_change, "submitted": st.submitted}
