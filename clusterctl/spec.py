@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -269,6 +270,11 @@ class Preflight(Section):
         default_factory=lambda: list(DEFAULT_PREFLIGHT),
         description="checks run on every rank before training; comm and compute are opt-in",
     )
+    skip: list[Literal[PREFLIGHT_CHECKS]] = Field(  # type: ignore[valid-type]
+        default_factory=list,
+        exclude=True,  # already applied to `checks`, which run.json and the spec hash carry
+        description="checks left out of the default set (`skip: [nic]`) without listing the others",
+    )
     timeout: Seconds = Field(120, description="time allowed for the preflight checks")
 
     @model_validator(mode="before")
@@ -282,7 +288,26 @@ class Preflight(Section):
             if unknown:
                 raise ValueError(f"unknown check {unknown[0]!r}; expected some of {', '.join(PREFLIGHT_CHECKS)}")
             return {"checks": list(DEFAULT_PREFLIGHT) + [v for v in value if v not in DEFAULT_PREFLIGHT]}
+        if isinstance(value, dict) and isinstance(value.get("skip"), str):
+            value = {**value, "skip": [value["skip"]]}  # `--set preflight.skip=nic`
+        if isinstance(value, dict) and isinstance(value.get("skip"), list) and "checks" not in value:
+            # The checks that run are the defaults less the skipped ones; a skipped name that is
+            # no check is left to the field's own validation, which names the choices.
+            skipped = set(v for v in value["skip"] if isinstance(v, str))
+            value = {**value, "checks": [c for c in DEFAULT_PREFLIGHT if c not in skipped]}
         return value
+
+    @field_validator("skip")
+    @classmethod
+    def _not_also_listed(cls, skip: list[str], info: ValidationInfo) -> list[str]:
+        # Without `checks`, the skipped ones are already gone; with it, they must not be in it.
+        listed = [name for name in skip if name in (info.data.get("checks") or [])]
+        if listed:
+            raise ValueError(
+                f"{listed[0]!r} is also listed in preflight.checks: skip leaves a check out of the default set; "
+                "with an explicit checks list, leave it out of that list instead"
+            )
+        return skip
 
 
 class Signal(Section):
