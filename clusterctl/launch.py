@@ -128,6 +128,11 @@ def managed(argv: list[str]) -> int:
         "preflight": checks,
         "timings": {"started": started, "preflight_done": checked, "torch_imported": time.time()},
     }
+    if info.local_rank == 0:  # the node's environment, once per node: manifest.json stays small at any scale
+        from clusterctl.runtime.rankinfo import driver_version, recorded_env
+
+        record["env"] = recorded_env()
+        record["driver"] = driver_version()
     timeout_s = float(info.run["rendezvous"]["timeout_s"])
     try:
         store = rendezvous.connect(info, timeout_s)

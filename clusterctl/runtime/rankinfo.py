@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -67,3 +68,46 @@ class RankInfo:
     @property
     def node_slot(self) -> int:
         return self.rank // self.gpus_per_node
+
+
+# The environment that decides how a rank computes and communicates: recorded once per node
+# (local rank 0's registration) for the run record. Never the attempt token, nor any name that
+# looks like a secret.
+RECORDED_ENV_PREFIXES = (
+    "NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "UCX_", "CLUSTERCTL_", "NVIDIA_", "HIP_", "ROCR_", "RCCL_", "ENROOT_", "PYXIS_",
+)
+RECORDED_ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+RECORDED_VALUE_MAX = 1000  # characters: keeps manifest.json small with one record per node
+
+
+def recorded_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The rank's NCCL/CUDA/TORCH/UCX/thread settings, for the run record: compact, token removed."""
+    env = os.environ if env is None else env
+    return {
+        name: value[:RECORDED_VALUE_MAX]
+        for name, value in sorted(env.items())
+        if (name.startswith(RECORDED_ENV_PREFIXES) or name in RECORDED_ENV_NAMES)
+        and name != envnames.TOKEN
+        and not any(word in name for word in SECRET_WORDS)
+    }
+
+
+_DRIVER_FILES = (
+    ("nvidia", "/proc/driver/nvidia/version", re.compile(r"Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9.]+)")),
+    ("amdgpu", "/sys/module/amdgpu/version", re.compile(r"(\S+)")),
+)
+
+
+def driver_version() -> str | None:
+    """The node's GPU kernel driver (`nvidia 550.54.15`), read from /proc or /sys; None where there is none."""
+    for vendor, path, pattern in _DRIVER_FILES:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(4096)
+        except OSError:
+            continue
+        found = pattern.search(text)
+        if found:
+            return f"{vendor} {found.group(1)}"
+    return None

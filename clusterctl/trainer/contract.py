@@ -11,6 +11,12 @@ A training script adopts it with a few lines:
         contract.after_step(step)                             # saves on schedule; on pre-timeout: save, commit, exit 85
     contract.close()
 
+`resume()` also writes this attempt's run record (attempt-N/record.json, rank
+0): the generation and data position it resumed from, or none, and the
+optimizer's settings. `contract.describe(training={...}, data={...})` adds
+what only the script knows (dataset identity, schedule, seeds, precision);
+`clusterctl record RUN` shows the whole record.
+
 `after_step` is collective (every rank calls it each step): it agrees on
 whether to stop through one tiny all-reduce, so every rank saves the same
 step. A stop is requested by the controller (the batch shell trapped the
@@ -24,6 +30,7 @@ import base64
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +65,28 @@ def set_rng_state(state: dict[str, str]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+
+
+def _optimizer_summary(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's type and hyperparameters: each distinct parameter-group setting once, with its count."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.item() if value.numel() == 1 else str(value)
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+
+    groups: list[dict[str, Any]] = []
+    for group in optimizer.param_groups:
+        settings = {k: plain(v) for k, v in sorted(group.items()) if k != "params"}
+        for seen in groups:
+            if seen["settings"] == settings:
+                seen["groups"] += 1
+                break
+        else:
+            groups.append({"settings": settings, "groups": 1})
+    return {"type": type(optimizer).__name__, "param_groups": groups}
 
 
 class Contract:
@@ -125,6 +154,7 @@ class Contract:
 
         generation = self.checkpointer.latest()
         if generation is None:
+            self._record_resume(None)
             return 0
         state = self._state()
         extra = self.checkpointer.load(generation, state)
@@ -134,7 +164,77 @@ class Contract:
         if "rng" in extra:
             set_rng_state(extra["rng"])
         self.last_saved = generation.step
+        self._record_resume(generation)
         return generation.step + 1
+
+    # --- the run record -------------------------------------------------------------
+    def describe(self, *, training: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> None:
+        """Add what only the script knows to this attempt's run record: dataset identity, schedule, seeds, precision.
+
+        Rank 0 writes it (attempt-N/record.json); other ranks, and runs outside
+        clusterctl, write nothing. Keys given here win over the contract's own.
+        """
+        self._record({"training": training or {}, "data": data or {}}, replace=True)
+
+    def _record_resume(self, generation: Any) -> None:
+        """The facts resume() knows: the generation and data position resumed from (or none), optimizer, model, seeds."""
+        if self.rank != 0 or not os.environ.get(envnames.ATTEMPT_DIR):
+            return
+        from clusterctl.checkpoint.manifest import FORMAT
+
+        recovery: dict[str, Any] = {"schema_version": FORMAT, "checkpoint_dir": str(self.directory)}
+        data: dict[str, Any] = {}
+        if generation is None:
+            recovery.update(resumed=False, resumed_from=None, start_step=0,
+                            how=f"from scratch: no committed generation in {self.directory}")
+            data["resumed_position"] = None
+        else:
+            found = generation.manifest
+            recovery.update(
+                resumed=True,
+                start_step=generation.step + 1,
+                how=f"resumed from step {generation.step}",
+                resumed_from={
+                    "step": generation.step,
+                    "path": str(generation.path),
+                    **{k: found.get(k) for k in ("format", "created", "world_size", "layout", "spec_hash", "torch", "mode")},
+                    "resharded": found.get("world_size") != self.world,
+                },
+            )
+            data["resumed_position"] = {"epoch": found.get("epoch"), "data_position": found.get("data_position")}
+        if self.sampler is not None:
+            state = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None
+            data["sampler"] = {"type": type(self.sampler).__name__, "seed": getattr(self.sampler, "seed", None), "state": state}
+        model = getattr(self.model, "module", self.model)  # DDP wraps the model
+        training = {
+            "optimizer": _optimizer_summary(self.optimizer),
+            "model_type": type(model).__name__,
+            "parameters": int(sum(p.numel() for p in self.model.parameters())),
+            "torch_initial_seed": int(torch.initial_seed()),
+            "process_group": {"backend": dist.get_backend() if dist.is_initialized() else None, "world_size": self.world},
+        }
+        self._record({"recovery": recovery, "data": data, "training": training}, replace=False)
+
+    def _record(self, groups: dict[str, dict[str, Any]], *, replace: bool) -> None:
+        """Merge facts into attempt-N/record.json (rank 0 only); a failed write warns, never stops training."""
+        attempt_dir = os.environ.get(envnames.ATTEMPT_DIR)
+        if self.rank != 0 or not attempt_dir:
+            return
+        path = Path(attempt_dir) / rundir.RECORD
+        try:
+            record = rundir.read_json(path) or {}
+            for group, facts in groups.items():
+                facts = json.loads(json.dumps(facts, default=str))
+                merged = record.setdefault(group, {})
+                for key, value in facts.items():
+                    if replace or key not in merged:
+                        merged[key] = value
+            record["attempt"] = int(os.environ.get(envnames.ATTEMPT, "0") or 0)
+            record["written_by"] = "rank 0 (clusterctl.trainer.Contract)"
+            record["time"] = round(time.time(), 3)
+            rundir.write_json_atomic(path, record)
+        except (OSError, TypeError, ValueError) as exc:
+            print(f"clusterctl: warning: could not write the run record {path}: {exc}", file=sys.stderr, flush=True)
 
     def save(self, step: int, *, asynchronous: bool | None = None) -> None:
         """A collective save of everything needed to continue after `step`."""

@@ -123,7 +123,7 @@ def described(config: TrainConfig, world: int, device: torch.device) -> dict[str
         "training": {
             "trainer": {"name": "clusterctl.trainer", "config": settings},
             "schedule": {"kind": "constant", "lr": config.lr},
-            "precision": {"autocast": "bf16" if bf16_autocast(device) else None, "parameters": "fp32", "optimizer_state": "fp32"},
+            "precision": {"autocast": "bf16" if bf16_autocast(device) else "off", "parameters": "fp32", "optimizer_state": "fp32"},
             "batch": {"micro": config.micro, "grad_accum": config.grad_accum,
                       "global": config.micro * config.grad_accum * world, "seq_len": config.seq_len},
             "seeds": {"model_init": config.seed, "dataset": config.seed, "sampler": config.seed},
