@@ -281,7 +281,9 @@ def _derive(run: RunDir, state: dict[str, Any], events: list[dict[str, Any]], jo
     known = story.job in asked
     ckpt_dir = run.checkpoint_dir(run_json)
     committed_list = committed_steps(ckpt_dir) if ckpt_dir.is_dir() else []
-    committed = committed_list[0] if committed_list else None
+    recorded = [e["committed_step"] for e in events if isinstance(e.get("committed_step"), int)]
+    # The directory is the truth; where the login node cannot see it, the batch host's last word is.
+    committed = committed_list[0] if committed_list else (recorded[-1] if recorded else None)
 
     name, reason, exit_code = str(run_json.get("name") or state.get("name") or run.path.name), story.reason, story.exit_code
     job_gone = known and (info is None or info.finished)
@@ -318,7 +320,7 @@ def _derive(run: RunDir, state: dict[str, Any], events: list[dict[str, Any]], jo
             value = CONTINUED if story.phase == "continued" else PENDING
             why = info.reason or "no reason given"
             reason = (f"continues as job {shown_job}, pending ({why})" if value == CONTINUED
-                      else f"pending in Slurm: {why}{_REASONS.get(why.split(',')[0], '')}")
+                      else f"Slurm's reason: {why}{_REASONS.get(why.split(',')[0], '')}")
         elif info is not None:
             value, reason = STARTING, f"job {shown_job} is {info.state}: the batch script starts the next attempt"
         else:

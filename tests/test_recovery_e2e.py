@@ -99,6 +99,13 @@ def past_a_checkpoint(run: RunDir) -> None:
     wait_for("training past the first checkpoint", far, run=run)
 
 
+def status(run: RunDir) -> dict[str, Any]:
+    """What `clusterctl status RUN --json` says: the state a user reads."""
+    result = cli("status", str(run.path), "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 def nothing_left(backend: str, run: RunDir) -> None:
     be = get_backend(backend)
     for job in run_jobs(run):
@@ -124,6 +131,12 @@ def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(b
     nothing_left(backend, run)
     info = get_backend(backend).info(done.job_id)
     assert info is None or info.state == "COMPLETED"
+    st = status(run)
+    assert (st["state"], st["exit_code"], st["step"]) == ("completed", 0, 59), st
+    one, two = st["attempts"]
+    assert (one["exit_code"], one["next"], two["first_step"]) == (ExitCode.SCRIPT_FAILED, "allocation", committed + 1)
+    assert one["kept_steps"] == committed + 1 and one["steps"] > one["kept_steps"]  # what came after the checkpoint was redone
+    assert 0 < st["goodput"] < 1 and st["lost_gpu_hours"] > 0
 
 
 def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path) -> None:
@@ -164,8 +177,12 @@ def test_a_lost_node_without_a_spare_continues_in_a_new_job_that_excludes_it(bac
     second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
     assert second["job_id"] == job2 != done.job_id and lost not in second["hosts"]
     assert first_step(run, 2) == step["committed_step"] + 1
+    st = status(run)
+    assert st["state"] == "training" and st["job_id"] == get_backend(backend).display_id(job2), st
+    assert [a["exit_code"] for a in st["attempts"]] == [ExitCode.NODE_LOST, None]
     assert cli("cancel", str(run.path)).exit_code == 0
     nothing_left(backend, run)
+    assert status(run)["state"] == "cancelled"
 
 
 def test_a_pre_timeout_stop_continues_uncounted_and_the_job_is_not_failed(backend: str, tmp_path: Path) -> None:
@@ -196,6 +213,8 @@ def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Pat
     assert run_jobs(run) == [done.job_id], history(run)
     assert not any(e.get("how") == rundir.NEXT_CONTINUATION for e in nexts(run))
     assert run.attempts() == [1]
+    st = status(run)
+    assert st["state"] == "cancelled", st
 
 
 def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, tmp_path: Path) -> None:
@@ -224,6 +243,9 @@ def test_an_exhausted_budget_stops_the_run_with_87(backend: str, tmp_path: Path)
     info = get_backend(backend).info(done.job_id)
     assert info is None or info.exit_code == ExitCode.BUDGET_EXHAUSTED
     assert run.attempts() == [1] and run_jobs(run) == [done.job_id]
+    st = status(run)
+    assert (st["state"], st["exit_code"]) == ("failed", ExitCode.BUDGET_EXHAUSTED) and "restart.budget 0" in st["reason"], st
+    assert [c["rank"] for c in st["attempts"][0]["culprits"]] == [0]
 
 
 def test_requeue_by_hand_excludes_the_culprit_and_resumes_on_fewer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,236 @@
+"""A run's state derived from its directory and one scheduler answer: every state, goodput, few queries.
+
+The run directories here are written by hand in the formats the batch script,
+the recovery step, the controller and the trainer write; the end-to-end tests
+(test_recovery_e2e.py, test_status_e2e.py) check the same derivation on real runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterctl import rundir
+from clusterctl.backends.base import Backend, JobInfo
+from clusterctl.cli import app
+from clusterctl.exitcodes import ExitCode
+from clusterctl.metricsfile import MetricsFile
+from clusterctl.rundir import RunDir
+from clusterctl.runstate import derive, derive_many, list_runs, wanted_job
+from tests.helpers import cli
+
+T0 = 1_800_000_000.0
+STEP_S = 0.5
+
+
+class Run:
+    """A run directory written the way a real run writes it."""
+
+    def __init__(self, root: Path, name: str = "demo", stamp: str = "20270115-120000", backend: str = "slurm",
+                 job: str = "100", world: int = 4, gpn: int = 2) -> None:
+        self.dir = RunDir(root / f"{name}-{stamp}-ab12")
+        self.dir.path.mkdir(parents=True)
+        (self.dir.path / rundir.RUN_JSON).write_text(json.dumps({"name": name, "world_size": world, "gpus_per_node": gpn, "nodes": world // gpn}))
+        self.dir.write_state(state="submitted", backend=backend, job_id=f"local-{job}" if backend == "local" else job)
+        self.job = job
+
+    def event(self, event: str, **fields: Any) -> "Run":
+        self.dir.append_event(event, **fields)
+        return self
+
+    def attempt(self, n: int, start: float, first: int, last: int, job: str | None = None, hosts: tuple[str, ...] = ("n1", "n2"),
+                step_s: float = STEP_S, total: int | None = 100, verdict: dict[str, Any] | None = None) -> "Run":
+        job = job or self.job
+        d = self.dir.attempt(n)
+        d.mkdir()
+        (d / rundir.ATTEMPT_JSON).write_text(json.dumps({"job_id": job, "attempt": n, "hosts": list(hosts),
+                                                         "nodelist": f"n[1-{len(hosts)}]", "spares": 0, "started": start}))
+        self.event(rundir.EVENT_START, attempt=n, job_id=job, time=start, nodes=len(hosts))
+        lines = []
+        for i, step in enumerate(range(first, last + 1)):
+            lines.append(json.dumps({"step": step, "loss": 5.0 - step / 100, "step_s": step_s, "tokens_per_s": 1000.0,
+                                     "t": start + 2 + (i + 1) * step_s, "train_s": (i + 1) * step_s,
+                                     **({"total_steps": total} if total else {})}))
+        if lines:
+            (d / rundir.METRICS).write_text("\n".join(lines) + "\n")
+        if verdict is not None:
+            (d / rundir.VERDICT).write_text(json.dumps(verdict))
+        return self
+
+    def end(self, n: int, code: int, at: float, how: str, reason: str, job: str | None = None, **more: Any) -> "Run":
+        job = job or self.job
+        self.event(rundir.EVENT_END, attempt=n, job_id=job, exit=code, time=at)
+        return self.event(rundir.EVENT_NEXT, attempt=n, job_id=job, exit=code, how=how, reason=reason, time=at, **more)
+
+    def checkpoint(self, step: int) -> "Run":
+        (self.dir.checkpoints / f"step-{step:08d}").mkdir(parents=True)
+        return self
+
+
+HANG = {"ok": False, "code": 82, "message": "rank 3 on n2 hung in forward at step 39",
+        "culprits": [{"rank": 3, "host": "n2", "reason": "no progress"}]}
+
+
+def test_training_shows_step_loss_throughput_and_eta(tmp_path: Path) -> None:
+    run = Run(tmp_path).attempt(1, T0, 0, 19)
+    st = derive(run.dir, {"100": JobInfo("100", "RUNNING")}, now=T0 + 15)
+    assert (st.state, st.job_id, st.step, st.loss, st.tokens_per_s) == ("training", "100", 19, 4.81, 1000.0)
+    assert st.eta_s == pytest.approx(80 * STEP_S)  # 80 steps to go at this attempt's mean step time
+    (a,) = st.attempts
+    assert (a.attempt, a.job_id, a.nodes, a.exit_code, a.steps, a.first_step, a.last_step) == (1, "100", ["n1", "n2"], None, 20, 0, 19)
+
+
+def test_pending_gives_slurms_reason_in_words(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    st = derive(run.dir, {"100": JobInfo("100", "PENDING", reason="ReqNodeNotAvail")})
+    assert st.state == "pending" and "ReqNodeNotAvail" in st.reason and "down, drained or reserved" in st.reason
+    assert derive(run.dir, {"100": JobInfo("100", "RUNNING")}).state == "starting"
+
+
+def test_a_verdict_being_carried_out_is_restarting_and_names_the_culprit(tmp_path: Path) -> None:
+    run = Run(tmp_path).attempt(1, T0, 0, 39, verdict=HANG)
+    st = derive(run.dir, {"100": JobInfo("100", "RUNNING")})
+    assert st.state == "restarting" and "rank 3 on n2 hung" in st.reason
+    assert st.attempts[0].culprits == HANG["culprits"]
+
+
+def test_restart_in_the_allocation_keeps_what_was_committed_and_counts_the_rest_as_lost(tmp_path: Path) -> None:
+    # Attempt 1 trains steps 0-39 (20 s), hangs; the verdict and restart take until T0+30; attempt 2 resumes
+    # at 30 (checkpoint 29 committed) and finishes 30-99 (35 s) by T0+69.
+    run = Run(tmp_path).attempt(1, T0, 0, 39, verdict=HANG)
+    run.end(1, ExitCode.HANG, T0 + 28, rundir.NEXT_ALLOCATION, "exit 82 (hang); restarting in the allocation", committed_step=29)
+    run.attempt(2, T0 + 30, 30, 99).end(2, 0, T0 + 69, rundir.NEXT_STOP, "training finished").checkpoint(29).checkpoint(99)
+    st = derive(run.dir, {}, now=T0 + 1000)
+    assert (st.state, st.exit_code, st.checkpoint, st.step) == ("completed", 0, 99, 99)
+    first, second = st.attempts
+    assert (first.exit_code, first.next, first.steps, first.kept_steps, first.kept_s) == (82, "allocation", 40, 30, 15.0)
+    assert (second.first_step, second.kept_steps, second.kept_s, second.meaning) == (30, 70, 35.0, "success")
+    # Allocated: 4 GPUs x 69 s (the restart gap belongs to the allocation); kept: 4 ranks x (15 + 35) s.
+    assert st.goodput == pytest.approx(round(200 / 276, 4))
+    assert st.lost_gpu_hours == pytest.approx(round(76 / 3600, 4))
+    assert wanted_job(run.dir) is None  # a stopped run needs no scheduler
+
+
+def test_a_continuation_waits_with_slurms_reason_then_its_attempt_trains(tmp_path: Path) -> None:
+    run = Run(tmp_path).attempt(1, T0, 0, 49, hosts=("n1", "n2"))
+    run.end(1, ExitCode.NODE_LOST, T0 + 40, rundir.NEXT_CONTINUATION, "node n2 lost; continuing in a new job", next_job="101",
+            committed_step=39)
+    assert wanted_job(run.dir) == "101"
+    st = derive(run.dir, {"101": JobInfo("101", "PENDING", reason="Dependency")}, now=T0 + 41)
+    assert st.state == "continued" and st.job_id == "101" and "pending (Dependency)" in st.reason
+    assert st.attempts[0].kept_steps == 40  # it will resume after the committed step 39
+    run.attempt(2, T0 + 60, 40, 45, job="101", hosts=("n1", "n3"))
+    st = derive(run.dir, {"101": JobInfo("101", "RUNNING")}, now=T0 + 70)
+    assert (st.state, st.job_id, [a.job_id for a in st.attempts]) == ("training", "101", ["100", "101"])
+    assert st.attempts[0].kept_steps == 40 and st.attempts[1].kept_steps == 6
+
+
+def test_a_batch_script_that_died_with_its_job_is_failed_from_the_run_directory_alone(tmp_path: Path) -> None:
+    """slurmctld forgot the job and there is no accounting: the missing end is the evidence."""
+    run = Run(tmp_path).attempt(1, T0, 0, 9)
+    st = derive(run.dir, {"100": None})
+    assert st.state == "failed" and "recorded no end" in st.reason and "slurm-100.out" in st.reason
+    st = derive(run.dir, {"100": JobInfo("100", "NODE_FAIL")})
+    assert st.state == "failed" and "NODE_FAIL" in st.reason
+
+
+def test_stops_read_as_the_user_means_them(tmp_path: Path) -> None:
+    failed = Run(tmp_path, name="budget").attempt(1, T0, 0, 9, verdict=HANG)
+    failed.end(1, ExitCode.BUDGET_EXHAUSTED, T0 + 9, rundir.NEXT_STOP, "exit 82 (hang); restart.budget 0 is spent")
+    st = derive(failed.dir, {})
+    assert (st.state, st.exit_code) == ("failed", 87) and "restart.budget 0" in st.reason
+    assert st.attempts[0].culprits[0]["host"] == "n2"
+
+    timeout = Run(tmp_path, name="timeout").attempt(1, T0, 0, 9)
+    timeout.end(1, ExitCode.PRE_TIMEOUT, T0 + 9, rundir.NEXT_STOP, "pre-timeout: checkpoint step 9 committed; restart.mode none")
+    st = derive(timeout.dir, {})
+    assert st.state == "cancelled" and st.exit_code == 85 and "clusterctl requeue continues it" in st.reason  # not failed
+
+    cancelled = Run(tmp_path, name="cancelled").attempt(1, T0, 0, 9).event(rundir.EVENT_CANCEL, by="clusterctl cancel", save=False)
+    cancelled.end(1, ExitCode.SCRIPT_FAILED, T0 + 9, rundir.NEXT_STOP, "stopped: by clusterctl cancel")
+    assert derive(cancelled.dir, {}).state == "cancelled"
+
+    scancelled = Run(tmp_path, name="scancelled").attempt(1, T0, 0, 9)  # scancel: the batch script died too
+    assert derive(scancelled.dir, {"100": JobInfo("100", "CANCELLED")}).state == "cancelled"
+
+    refused = Run(tmp_path, name="refused")
+    refused.dir.write_state(state="failed", reason="Slurm rejected the job: invalid partition")
+    st = derive(refused.dir, {})
+    assert st.state == "failed" and "invalid partition" in st.reason
+
+
+def test_requeue_by_hand_after_a_cancel_goes_on(tmp_path: Path) -> None:
+    run = Run(tmp_path).attempt(1, T0, 0, 9).event(rundir.EVENT_CANCEL, by="clusterctl cancel", save=True)
+    run.end(1, ExitCode.PRE_TIMEOUT, T0 + 9, rundir.NEXT_STOP, "stopped: by clusterctl cancel")
+    run.event(rundir.EVENT_REQUEUE, by="clusterctl requeue", next_job="102", exclude=[])
+    st = derive(run.dir, {"102": JobInfo("102", "PENDING", reason="Priority")})
+    assert st.state == "continued" and st.job_id == "102" and "Priority" in st.reason
+
+
+class CountingBackend(Backend):
+    name = "slurm"
+
+    def __init__(self, answers: dict[str, JobInfo]) -> None:
+        self.answers, self.queries = answers, []
+
+    def check(self) -> None: ...
+    def submit(self, script, workdir, options=None):  # noqa: ANN001, ANN201
+        raise NotImplementedError
+    def info(self, job_id: str) -> JobInfo | None:
+        raise AssertionError("one query for all runs, never one per job")
+    def info_many(self, job_ids):  # noqa: ANN001, ANN201
+        self.queries.append(list(job_ids))
+        return {j: self.answers.get(j) for j in job_ids}
+    def cancel(self, job_id: str) -> None: ...
+    def signal(self, job_id: str, sig: str) -> None: ...
+
+
+def test_many_runs_cost_one_scheduler_query_and_finished_runs_none(tmp_path: Path) -> None:
+    for i in range(12):
+        run = Run(tmp_path, name=f"r{i:02d}", stamp=f"20270115-1200{i:02d}", job=str(200 + i)).attempt(1, T0, 0, 5)
+        if i % 3 == 0:
+            run.end(1, 0, T0 + 5, rundir.NEXT_STOP, "training finished")
+    backend = CountingBackend({str(200 + i): JobInfo(str(200 + i), "RUNNING") for i in range(12)})
+    runs = list_runs(tmp_path)
+    assert [r.path.name[:3] for r in runs] == [f"r{i:02d}" for i in reversed(range(12))]  # newest first
+    states, notes = derive_many(runs, lambda name: backend)
+    assert not notes and len(backend.queries) == 1
+    assert sorted(backend.queries[0]) == sorted(str(200 + i) for i in range(12) if i % 3)
+    assert [s.state for s in states].count("completed") == 4 and [s.state for s in states].count("training") == 8
+
+
+def test_metrics_lookups_survive_torn_lines(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "step_s": 0.25, "loss": 1.0}) for s in range(10, 1000)]
+    lines.insert(500, '{"step": 510, "loss": 1.0, "st')  # a rank killed mid-write, then the next attempt appended
+    path.write_text("\n".join(lines) + '\n{"step": 1000, "lo')
+    with MetricsFile(path) as m:
+        assert m.first()["step"] == 10 and m.last()["step"] == 999
+        assert m.at_or_before(5) is None and m.at_or_before(10)["step"] == 10
+        assert all(m.at_or_before(s)["step"] == s for s in (11, 499, 509, 510, 777, 998))
+        assert m.at_or_before(5000)["step"] == 999
+        assert m.time_through(19) == pytest.approx(2.5)  # no train_s: summed
+
+
+def test_status_and_runs_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = Run(tmp_path / "runs", backend="local", job="7").attempt(1, T0, 0, 39, verdict=HANG)
+    run.end(1, ExitCode.BUDGET_EXHAUSTED, T0 + 28, rundir.NEXT_STOP, "exit 82 (hang); restart.budget 0 is spent")
+    monkeypatch.chdir(tmp_path)
+    result = cli("status", "--json")
+    assert result.exit_code == 0, result.output
+    (data,) = json.loads(result.stdout)
+    for key in ("run", "state", "reason", "step", "loss", "job_id", "attempts", "checkpoint", "goodput", "lost_gpu_hours"):
+        assert key in data
+    assert (data["state"], data["job_id"], data["step"]) == ("failed", "local-7", 39)
+    assert set(data["attempts"][0]) >= {"attempt", "job_id", "nodes", "start", "end", "exit_code", "meaning", "steps"}
+    assert data["attempts"][0]["job_id"] == "local-7" and data["attempts"][0]["meaning"].startswith("restart budget exhausted")
+    by_job = cli("status", "local-7")  # a job id finds its run
+    assert by_job.exit_code == 0 and "FAILED" in by_job.stdout and "culprit rank 3 on n2" in by_job.stdout
+    listed = json.loads(cli("runs", "--json").stdout)
+    assert [(r["run"], r["state"], r["attempts"]) for r in listed] == [(run.dir.path.name, "failed", 1)]
+    missing = cli("status", "nope")
+    assert missing.exit_code == ExitCode.USAGE and "no run 'nope'" in missing.output
+    assert app  # the CLI module loads without the scheduler
