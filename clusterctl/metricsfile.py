@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 _CHUNK = 8192
+_UNREAD = object()
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
@@ -29,6 +30,8 @@ class MetricsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._first: object = _UNREAD
+        self._last: object = _UNREAD
         try:
             self._fh = open(path, "rb")
             self.size = os.fstat(self._fh.fileno()).st_size
@@ -65,14 +68,18 @@ class MetricsFile:
                 return record, start + len(line)
 
     def first(self) -> dict[str, Any] | None:
-        if self._fh is None or self.size == 0:
-            return None
-        return self._line_from(0)[0]
+        if self._first is _UNREAD:
+            self._first = self._line_from(0)[0] if self._fh is not None and self.size else None
+        return self._first  # type: ignore[return-value]
 
     def last(self) -> dict[str, Any] | None:
+        if self._last is _UNREAD:
+            self._last = self._read_last() if self._fh is not None and self.size else None
+        return self._last  # type: ignore[return-value]
+
+    def _read_last(self) -> dict[str, Any] | None:
         """The newest whole record: read backwards a chunk at a time."""
-        if self._fh is None or self.size == 0:
-            return None
+        assert self._fh is not None
         end = self.size
         tail = b""
         while end > 0:
@@ -92,22 +99,30 @@ class MetricsFile:
         return None
 
     def at_or_before(self, step: int) -> dict[str, Any] | None:
-        """The record of the newest step <= `step` (binary search on byte offsets)."""
-        if self._fh is None or self.size == 0:
+        """The record of the newest step <= `step`.
+
+        An interpolation search on byte offsets: with one line per step, a step's line sits about where its
+        number falls between the bracket's ends, so a few probes find it; bisection takes over if not."""
+        first = self.first()
+        if first is None or first["step"] > step:
             return None
-        lo, hi = 0, self.size  # invariant: the answer starts in [lo, hi)
-        best: dict[str, Any] | None = None
+        last = self.last()
+        if last is None or last["step"] <= step:
+            return last
+        # The first record starting at or after `lo` has a step <= `step`; the first at or after `hi` a greater one.
+        lo, lo_step, hi, hi_step, best = 0, first["step"], self.size, last["step"] + 1, first
+        probes = 0
         while lo < hi:
-            mid = (lo + hi) // 2
+            probes += 1
+            if probes <= 8 and hi_step > lo_step:
+                mid = min(max(lo + int((step - lo_step) / (hi_step - lo_step) * (hi - lo)), lo), hi - 1)
+            else:
+                mid = (lo + hi) // 2
             record, end = self._line_from(mid)
             if record is None or record["step"] > step:
-                hi = mid
+                hi, hi_step = mid, record["step"] if record is not None else hi_step
                 continue
-            best = record
-            lo = end
-        if best is None:
-            first = self.first()
-            return first if first is not None and first["step"] <= step else None
+            best, lo, lo_step = record, end, record["step"]
         return best
 
     def time_through(self, step: int) -> float:

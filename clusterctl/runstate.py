@@ -205,7 +205,7 @@ def _attempts(run: RunDir, events: list[dict[str, Any]], run_json: dict[str, Any
         except ValueError:
             nodes = len(a.nodes)
         a.gpus = nodes * gpn
-        verdict = read_json(run.attempt(a.attempt) / rundir.VERDICT)
+        verdict = read_json(run.attempt(a.attempt) / rundir.VERDICT) if a.exit_code != 0 else None  # 0: nothing to blame
         if verdict and not verdict.get("ok", True):
             a.verdict = a.verdict or str(verdict.get("message") or "")
             a.culprits = [c for c in verdict.get("culprits") or [] if isinstance(c, dict)]
