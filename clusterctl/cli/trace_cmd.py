@@ -1,9 +1,62 @@
-"""`clusterctl trace` (being written)."""
+"""`clusterctl trace RUN`: the run's timeline as a Chrome trace for ui.perfetto.dev or chrome://tracing."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
+
+from clusterctl.cli.app import err_console
+from clusterctl.cli.runarg import resolve_run
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.trace import Summary, build_trace, write_trace, write_trace_file
+
+RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
+
+
+def _summary_line(summary: Summary, attempts: list[int], where: str) -> str:
+    which = f"attempt {attempts[0]}" if len(attempts) == 1 else f"{len(attempts)} attempts"
+    return (
+        f"trace: {summary.events:,} events, {len(summary.ranks)} ranks, {len(summary.hosts)} nodes, {which}, "
+        f"span {summary.span_s:.1f} s -> {where}"
+    )
 
 
 def register(app: typer.Typer) -> None:
-    """Adds nothing yet."""
+    @app.command("trace")
+    def trace(
+        run: RunArg,
+        attempt: Annotated[
+            Optional[int], typer.Option("--attempt", "-a", help="only this attempt (default: every attempt on one time axis)")
+        ] = None,
+        output: Annotated[str, typer.Option("--output", "-o", help="where to write the trace JSON; - for stdout")] = "trace.json",
+        steps: Annotated[bool, typer.Option("--steps/--no-steps", help="enclose each step's phases in a `step N` slice")] = True,
+        gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="GPU samples as counter tracks")] = True,
+    ) -> None:
+        """Write the run's phases, deaths, verdicts and restarts as a Chrome trace (JSON).
+
+        One process per node of each attempt, one thread per rank; open the file in
+        https://ui.perfetto.dev or chrome://tracing.
+        """
+        target = resolve_run(run)
+        built = build_trace(target, attempt, steps=steps, gpu=gpu)
+        attempts = [a.number for a in built.attempts]
+        if output == "-":
+            summary = write_trace(built, sys.stdout)
+            sys.stdout.flush()
+            where = "stdout"
+        else:
+            path = Path(output).expanduser()
+            if not path.parent.is_dir():
+                raise ClusterctlError(f"cannot write {path}: no directory {path.parent}", ExitCode.USAGE)
+            if path.is_dir():
+                raise ClusterctlError(f"cannot write {path}: it is a directory", ExitCode.USAGE)
+            try:
+                summary = write_trace_file(built, path)
+            except OSError as exc:
+                raise ClusterctlError(f"cannot write {path}: {exc.strerror or exc}", ExitCode.USAGE) from None
+            where = str(path)
+        err_console.print(_summary_line(summary, attempts, where))
