@@ -137,12 +137,12 @@ def run_screen(st: RunState, now: float | None = None) -> RenderableType:
 
 def runs_table(states: list[RunState], now: float | None = None) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("run", "state", "step", "attempts", "job", "last change", "reason"):
-        table.add_column(column, overflow="fold", no_wrap=column != "reason", min_width=12 if column == "reason" else None)
+    for column in ("run", "state", "step", "tries", "changed", "reason"):
+        table.add_column(column, overflow="fold", no_wrap=column != "reason", ratio=1 if column == "reason" else None)
     for st in states:
         step = "-" if st.step is None else str(st.step) + (f"/{st.total_steps}" if st.total_steps else "")
-        table.add_row(st.run, Text(st.state, style=STYLES.get(st.state, "")), step, str(len(st.attempts)), st.job_id or "-",
-                      ago(st.last_change or st.submitted, now), st.reason)
+        table.add_row(st.run, Text(st.state, style=STYLES.get(st.state, "")), step, str(len(st.attempts)),
+                      ago(st.last_change or st.submitted, now).removesuffix(" ago"), st.reason)
     return table
 
 
