@@ -1,0 +1,238 @@
+"""`clusterctl report` as a user meets it: the page and its plots, the figures, runs with little or odd data."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clusterctl.report import build_report, collect
+from clusterctl.report.load import read_metrics
+from clusterctl.report.plots import FILES
+from clusterctl.report.stats import WARMUP_STEPS
+from clusterctl.report.synth import STRAGGLER_FACTOR, write_synthetic_run
+from clusterctl.report.timeline import CATEGORIES, read_timeline
+from clusterctl.rundir import RunDir
+from helpers import cli
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path.name} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_run(tmp_path_factory.mktemp("runs"), steps=400, ranks=4, attempts=2, straggler=2)
+
+
+@pytest.fixture(scope="module")
+def built(straggler_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("report")
+    return out, build_report(RunDir(straggler_run), out)
+
+
+def test_page_references_every_plot_and_names_the_culprit(built: tuple[Path, dict[str, Any]]) -> None:
+    out, head = built
+    page = (out / "index.html").read_text()
+    for name in FILES:
+        width, height = png_size(out / name)
+        assert 600 <= width <= 2000 and 150 <= height <= 1400, (name, width, height)
+        assert (out / name).stat().st_size > 5000, name
+        assert f'src="{name}"' in page
+    assert "rank 2 on node2" in page  # the first attempt's straggler verdict
+    assert "http" not in page.split("<body>")[0]  # nothing fetched from the net
+    p50 = head["step_time_s"]["2"]["p50"]
+    assert str(p50) in page
+    assert head["slowest_rank"]["rank"] == 2
+
+
+def _expected_steady(run: Path) -> dict[int, list[float]]:
+    """Per rank, the steady step times read the slow, obvious way."""
+    steady: dict[int, list[float]] = {}
+    for adir in sorted(run.glob("attempt-*")):
+        records = [json.loads(line) for line in (adir / "timeline.jsonl").read_text().splitlines()]
+        steps = [r for r in records if r["kind"] == "step"]
+        first = min(r["step"] for r in steps)
+        for r in steps:
+            if r["step"] >= first + WARMUP_STEPS:
+                steady.setdefault(r["rank"], []).append(r["step_s"])
+    return steady
+
+
+def test_per_rank_figures_are_right_and_the_straggler_stands_out(straggler_run: Path, built: tuple[Path, dict[str, Any]]) -> None:
+    head = built[1]
+    expected = _expected_steady(straggler_run)
+    for rank, values in expected.items():
+        got = head["step_time_s"][str(rank)]
+        assert got["p50"] == pytest.approx(np.percentile(values, 50), abs=1e-4)
+        assert got["p90"] == pytest.approx(np.percentile(values, 90), abs=1e-4)
+        assert got["max"] == pytest.approx(max(values), abs=1e-4)
+        assert got["steady_steps"] == len(values)
+        assert got["warmup_steps"] == 2 * WARMUP_STEPS
+    others = [head["step_time_s"][str(r)]["p50"] for r in (0, 1, 3)]
+    assert head["step_time_s"]["2"]["p50"] > 1.4 * max(others)
+    assert head["slowest_rank"]["vs_median"] == pytest.approx(STRAGGLER_FACTOR, rel=0.1)
+
+
+def _timeline(path: Path, records: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _step(rank: int, step: int, secs: float, at: float) -> dict[str, Any]:
+    return {"t": at + 0.1, "kind": "step", "rank": rank, "node": "n1", "step": step, "phase": "collective", "at": at,
+            "step_s": secs, "compute_s": secs / 2}
+
+
+def _phase(rank: int, step: int, phase: str, at: float | None, t: float | None = None) -> dict[str, Any]:
+    rec: dict[str, Any] = {"t": t if t is not None else (at or 0) + 0.1, "kind": "phase", "rank": rank, "node": "n1",
+                           "step": step, "phase": phase}
+    if at is not None:
+        rec["at"] = at
+    return rec
+
+
+def _minimal_run(root: Path, attempts: int = 1) -> Path:
+    run = root / "run"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"name": "tiny", "gpus_per_node": 1, "world_size": 2}))
+    (run / "state.json").write_text(json.dumps({"backend": "local", "job_id": "local-1", "state": "submitted"}))
+    lines = []
+    for n in range(1, attempts + 1):
+        lines.append({"event": "start", "attempt": n, "job_id": "1", "time": 1000 + 100 * n, "nodes": 1})
+        (run / f"attempt-{n}").mkdir()
+        (run / f"attempt-{n}" / "attempt.json").write_text(json.dumps({"job_id": "1", "attempt": n, "hosts": ["n1"], "started": 1000 + 100 * n}))
+    (run / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    return run
+
+
+def test_warmup_is_kept_apart_and_outliers_are_kept(tmp_path: Path) -> None:
+    run = _minimal_run(tmp_path)
+    secs = [5.0, 4.0, 3.0, 2.0, 1.5, 1.0, 1.0, 1.0, 1.0, 9.0]  # 5 warm-up steps, then one outlier
+    _timeline(run / "attempt-1" / "timeline.jsonl", [_step(0, 10 + i, s, 2000.0 + i) for i, s in enumerate(secs)])
+    report = collect(RunDir(run))
+    st = report.figures.steps
+    assert st is not None
+    assert sorted(st.warmup[0].tolist()) == sorted(secs[:WARMUP_STEPS])  # in the plot's data
+    assert sorted(st.steady[0].tolist()) == sorted(secs[WARMUP_STEPS:])
+    figs = report.headline["step_time_s"]["0"]
+    assert figs["p50"] == 1.0 and figs["max"] == 9.0  # the outlier is neither clipped nor dropped
+    assert figs["steady_steps"] == 5 and figs["warmup_steps"] == 5
+
+
+def test_phase_totals_per_rank(tmp_path: Path) -> None:
+    run = _minimal_run(tmp_path)
+    records = [
+        _phase(0, 0, "forward", 10.0), _phase(1, 0, "forward", 10.0),
+        _phase(0, 0, "backward", 11.0), _phase(1, 0, "backward", 12.0),
+        _phase(0, 0, "optimizer", 13.0), _phase(1, 0, "optimizer", 14.0),
+        _phase(0, 0, "collective", 13.5), _phase(1, 0, "collective", 14.5),
+        _step(0, 0, 4.0, 14.0), _step(1, 0, 5.0, 15.0),  # step records are not phase changes
+        _phase(0, 0, "idle", 14.0), _phase(1, 0, "idle", 15.0),
+        _phase(0, 0, "save", 15.0), _phase(1, 0, "save", None, t=15.5),  # rank 1 without `at`: `t` stands in
+        _phase(0, 0, "eval", 18.0), _phase(1, 0, "eval", 19.0),
+        _phase(0, 1, "forward", 20.0), _phase(1, 1, "forward", 20.0),
+        {"t": 23.0, "kind": "gone", "rank": 0, "node": "n1", "pid": 1, "at": 22.0},  # rank 0's last phase ends here
+        {"t": 30.0, "kind": "gpu", "node": "n1", "gpus": {"0": {"temp": 50}}},
+    ]
+    _timeline(run / "attempt-1" / "timeline.jsonl", records)
+    phases = collect(RunDir(run)).headline["phases_s"]
+    want = {
+        "0": {"compute": 3.5 + 2.0, "collective": 0.5, "idle": 1.0, "save": 3.0, "eval": 2.0},
+        "1": {"compute": 4.5, "collective": 0.5, "idle": 0.5, "save": 3.5, "eval": 1.0},  # rank 1's last phase: no end known
+    }
+    for rank, cats in want.items():
+        for cat in CATEGORIES:
+            assert phases[rank][cat] == pytest.approx(cats.get(cat, 0.0)), (rank, cat)
+
+
+def test_timeline_in_another_layout_reads_the_same(tmp_path: Path) -> None:
+    src = write_synthetic_run(tmp_path, steps=40, ranks=2, attempts=1)
+    canonical = src / "attempt-1" / "timeline.jsonl"
+    other = tmp_path / "sorted.jsonl"
+    lines = canonical.read_text().splitlines()
+    other.write_text("".join(json.dumps(json.loads(x), sort_keys=True, separators=(",", ":")) + "\n" for x in lines) + '{"torn')
+    a, b = read_timeline(canonical), read_timeline(other)
+    assert a.slow_chunks == 0 and b.slow_chunks > 0
+    for field in ("phase_rank", "phase_cat", "phase_at", "step_rank", "step_step", "step_s"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    assert a.gone == b.gone and len(a.gone) == 2
+
+
+def test_metrics_without_wall_clock_use_the_attempt_start(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": i, "loss": 3.0 - i, "step_s": 2.0, "compute_s": 1.0, "tokens_per_s": 10.0})
+                            + "\n" for i in range(3)) + '{"step": 3, "lo')
+    m = read_metrics(path, start=100.0)
+    assert m.t.tolist() == [102.0, 104.0, 106.0] and m.t_derived
+    assert np.isnan(m.val_loss).all()
+
+
+def test_a_run_that_failed_in_preflight_still_gets_a_report(tmp_path: Path) -> None:
+    run = _minimal_run(tmp_path)
+    with open(run / "attempts.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "end", "attempt": 1, "job_id": "1", "exit": 81, "time": 1130}) + "\n")
+    verdict = {"ok": False, "code": 81, "message": "preflight failed on gpu-007: GPU 3 missing",
+               "culprits": [{"rank": 3, "host": "gpu-007", "reason": "GPU 3 missing"}]}
+    (run / "attempt-1" / "verdict.json").write_text(json.dumps(verdict))
+    (run / "attempt-1" / "timeline.jsonl").write_text("")
+    out = tmp_path / "out"
+    result = cli("report", str(run), "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert "gpu-007" in result.output
+    page = (out / "index.html").read_text()
+    assert "gpu-007" in page and "GPU 3 missing" in page
+    for name in FILES:
+        png_size(out / name)
+        assert f'src="{name}"' in page
+
+
+def test_json_prints_the_headline(straggler_run: Path, tmp_path: Path) -> None:
+    result = cli("report", str(straggler_run), "-o", str(tmp_path / "r"), "--json")
+    assert result.exit_code == 0, result.output
+    head = json.loads(result.stdout)
+    assert head["slowest_rank"]["rank"] == 2
+    assert set(head["step_time_s"]) == {"0", "1", "2", "3"}
+    assert head["verdicts"][0]["culprits"][0]["host"] == "node2"
+    assert head["index"].endswith("index.html")
+
+
+def test_bad_run_is_a_clear_error(tmp_path: Path) -> None:
+    result = cli("report", str(tmp_path / "no-such-run"), "-o", str(tmp_path / "r"))
+    assert result.exit_code == 2
+    assert "no run" in result.output and "Traceback" not in result.output
+    not_a_run = tmp_path / "empty"
+    not_a_run.mkdir()
+    result = cli("report", str(not_a_run))
+    assert result.exit_code == 2 and "not a run directory" in result.output
+
+
+def test_without_matplotlib_the_figures_are_printed_and_exit_69(straggler_run: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "r"
+    result = cli("report", str(straggler_run), "-o", str(out))
+    assert result.exit_code == 69
+    assert "pip install 'clusterctl[report]'" in result.output
+    assert "slowest rank: 2" in result.output
+    assert not out.exists()
+
+
+def test_the_run_record_is_shown_when_there_is_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "clusterctl.runrecord", None)  # the module's absence: the attempt's record.json is used
+    run = _minimal_run(tmp_path)
+    (run / "attempt-1" / "record.json").write_text(json.dumps({"training": {"seed": 1234, "optimizer": "adamw"}}))
+    out = tmp_path / "out"
+    build_report(RunDir(run), out)
+    page = (out / "index.html").read_text()
+    assert "Run record" in page and "1234" in page and "adamw" in page
