@@ -130,7 +130,9 @@ class _Story:
     last_time: float | None = None
 
 
-def _story(state: dict[str, Any], events: list[dict[str, Any]]) -> _Story:
+def _story(state: dict[str, Any], events: list[dict[str, Any]], run_json: dict[str, Any]) -> _Story:
+    # A standalone batch script runs one attempt and decides nothing after it: its end is the run's end.
+    standalone = run_json.get("mode") == "standalone"
     story = _Story(job=native_job(state.get("job_id")) or None, phase="submitted")
     for e in events:
         kind = e.get("event")
@@ -140,8 +142,10 @@ def _story(state: dict[str, Any], events: list[dict[str, Any]]) -> _Story:
             story.phase, story.attempt, story.job, story.signal = "running", e.get("attempt"), native_job(e.get("job_id")), None
             story.exit_code, story.reason = None, ""
         elif kind == rundir.EVENT_END:
-            story.phase, story.exit_code = "ended", e.get("exit")
+            story.phase, story.exit_code = "stopped" if standalone else "ended", e.get("exit")
             story.reason = str(e.get("verdict") or e.get("reason") or "")
+            if standalone and not story.reason:
+                story.reason = "training finished" if story.exit_code == 0 else f"exit {story.exit_code}: {_meaning(story.exit_code)}"
         elif kind == rundir.EVENT_SIGNAL:
             story.signal = str(e.get("signal") or "")
         elif kind == rundir.EVENT_NEXT:
@@ -165,7 +169,7 @@ def _story(state: dict[str, Any], events: list[dict[str, Any]]) -> _Story:
 
 def wanted_job(run: RunDir) -> str | None:
     """The one job whose scheduler state the derivation needs, or None when the run directory settles it."""
-    return _wanted(_story(run.read_state(), run.events()))
+    return _wanted(_story(run.read_state(), run.events(), read_json(run.run_json) or {}))
 
 
 def _wanted(story: _Story) -> str | None:
@@ -267,14 +271,29 @@ def derive(run: RunDir, jobs: Mapping[str, JobInfo | None] | None = None, now: f
     `jobs` maps job ids (either form) to what the scheduler said (None: it no longer knows the job); a job
     missing from `jobs` was not asked about, and the run directory alone decides.
     """
-    return _derive(run, run.read_state(), run.events(), jobs, now)
+    return _derive(run, _Loaded.of(run), jobs, now)
 
 
-def _derive(run: RunDir, state: dict[str, Any], events: list[dict[str, Any]], jobs: Mapping[str, JobInfo | None] | None,
-            now: float | None) -> RunState:
+@dataclass
+class _Loaded:
+    """What the derivation reads from a run directory before it asks the scheduler anything."""
+
+    state: dict[str, Any]
+    events: list[dict[str, Any]]
+    run_json: dict[str, Any]
+
+    @classmethod
+    def of(cls, run: RunDir) -> "_Loaded":
+        return cls(run.read_state(), run.events(), read_json(run.run_json) or {})
+
+    def wanted(self) -> str | None:
+        return _wanted(_story(self.state, self.events, self.run_json))
+
+
+def _derive(run: RunDir, loaded: _Loaded, jobs: Mapping[str, JobInfo | None] | None, now: float | None) -> RunState:
     now = time.time() if now is None else now
-    run_json = read_json(run.run_json) or {}
-    story = _story(state, events)
+    state, events, run_json = loaded.state, loaded.events, loaded.run_json
+    story = _story(state, events, run_json)
     attempts = _attempts(run, events, run_json, now)
     asked = {native_job(k): v for k, v in (jobs or {}).items()}
     info = asked.get(story.job) if story.job else None
@@ -310,6 +329,10 @@ def _derive(run: RunDir, state: dict[str, Any], events: list[dict[str, Any]], jo
         slurm = f"{info.state}" if info is not None else "forgotten by the scheduler"
         if story.cancelled_by or (info is not None and info.state.startswith("CANCELLED")):
             value, reason = CANCELLED, f"cancelled by {story.cancelled_by}" if story.cancelled_by else f"job {shown_job} was cancelled ({slurm})"
+        elif story.phase == "ended":  # the attempt's end is recorded; the decision after it never was
+            value = COMPLETED if exit_code == 0 else FAILED
+            reason = (f"attempt {story.attempt} ended with exit {exit_code} ({reason or _meaning(exit_code)}), then job {shown_job}"
+                      f" ended ({slurm}) before the run's next step was decided (see {rundir.BATCH_LOG.format(job=story.job)})")
         else:
             value = FAILED
             where = f"attempt {story.attempt}" if story.phase == "running" else "the run"
@@ -422,12 +445,12 @@ def derive_many(
     runs: Sequence[RunDir], backend_for: Callable[[str], Backend] | None, now: float | None = None
 ) -> tuple[list[RunState], list[str]]:
     """Every run's state with one scheduler query per backend for all of them; notes say what could not be asked."""
-    loaded = [(run, run.read_state(), run.events()) for run in runs]
+    loaded = [(run, _Loaded.of(run)) for run in runs]
     wanted: dict[str, list[str]] = {}
-    for _run, state, events in loaded:
-        job = _wanted(_story(state, events))
+    for _run, facts in loaded:
+        job = facts.wanted()
         if job:
-            wanted.setdefault(str(state.get("backend") or "slurm"), []).append(job)
+            wanted.setdefault(str(facts.state.get("backend") or "slurm"), []).append(job)
     answers: dict[str, JobInfo | None] = {}
     notes: list[str] = []
     for name, jobs in sorted(wanted.items()):
@@ -437,4 +460,4 @@ def derive_many(
             answers.update(backend_for(name).info_many(sorted(set(jobs))))
         except ClusterctlError as exc:
             notes.append(f"the {name} scheduler could not be asked ({exc.message}); states come from the run directories alone")
-    return [_derive(run, state, events, answers, now) for run, state, events in loaded], notes
+    return [_derive(run, facts, answers, now) for run, facts in loaded], notes

@@ -234,3 +234,14 @@ def test_status_and_runs_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     missing = cli("status", "nope")
     assert missing.exit_code == ExitCode.USAGE and "no run 'nope'" in missing.output
     assert app  # the CLI module loads without the scheduler
+
+
+def test_a_standalone_run_ends_with_its_one_attempt(tmp_path: Path) -> None:
+    """Standalone scripts decide nothing after the attempt: its end settles the run, no scheduler needed."""
+    run = Run(tmp_path).attempt(1, T0, 0, 9)
+    data = json.loads(run.dir.run_json.read_text())
+    (run.dir.run_json).write_text(json.dumps({**data, "mode": "standalone"}))
+    run.event(rundir.EVENT_END, attempt=1, job_id="100", exit=ExitCode.SCRIPT_FAILED, time=T0 + 9)
+    assert wanted_job(run.dir) is None
+    st = derive(run.dir, {})
+    assert (st.state, st.exit_code) == ("failed", 84) and "a rank's script failed" in st.reason
