@@ -245,3 +245,18 @@ def test_a_standalone_run_ends_with_its_one_attempt(tmp_path: Path) -> None:
     assert wanted_job(run.dir) is None
     st = derive(run.dir, {})
     assert (st.state, st.exit_code) == ("failed", 84) and "a rank's script failed" in st.reason
+
+
+def test_a_recorded_run_with_a_killed_rank(tmp_path: Path) -> None:
+    """A real run directory (rank 1 SIGKILLed, restart in the allocation) as status reads it."""
+    import tarfile
+
+    with tarfile.open(Path(__file__).resolve().parent / "fixtures" / "run-killed-rank.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    (path,) = tmp_path.iterdir()
+    st = derive(RunDir(path), {})
+    assert (st.state, st.exit_code, st.step, st.total_steps, st.job_id) == ("completed", 0, 199, 200, "local-5")
+    one, two = st.attempts
+    assert (one.exit_code, one.next, one.culprits[0]["rank"], one.culprits[0]["host"]) == (84, "allocation", 1, "node1")
+    assert one.kept_steps == two.first_step == 100 and one.steps > 100 and two.kept_steps == two.steps == 100
+    assert 0 < st.goodput < 1
