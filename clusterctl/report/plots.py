@@ -168,7 +168,9 @@ def plot_heatmap(plt: Any, fig_data: Figures, path: Path) -> None:
     with np.errstate(all="ignore"):
         row_median = np.nanmedian(hm.matrix, axis=1)
         row_low = np.nanpercentile(hm.matrix, 5, axis=1)
-    vmax = float(np.nanmax(row_median)) * 1.25 if np.isfinite(row_median).any() else None
+        row_p90 = np.nanpercentile(hm.matrix, 90, axis=1)
+    # Colours up to the slowest row's typical step and a bit (rare outliers saturate rather than wash out the rows)
+    vmax = max(float(np.nanmax(row_median)) * 1.25, float(np.nanmax(row_p90))) if np.isfinite(row_median).any() else None
     vmin = float(np.nanmin(row_low)) if np.isfinite(row_low).any() else None
     if vmin is not None and vmax is not None and vmin >= vmax:
         vmin = None
