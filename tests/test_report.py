@@ -236,3 +236,20 @@ def test_the_run_record_is_shown_when_there_is_one(tmp_path: Path, monkeypatch: 
     build_report(RunDir(run), out)
     page = (out / "index.html").read_text()
     assert "Run record" in page and "1234" in page and "adamw" in page
+
+
+def test_the_trainers_own_metrics_lines_keep_their_validation_loss(tmp_path: Path) -> None:
+    """The fast reader on lines the trainer wrote (a recorded run): every validation point survives."""
+    import tarfile
+
+    import numpy as np
+
+    from clusterctl.report.load import read_metrics
+
+    with tarfile.open(Path(__file__).resolve().parent / "fixtures" / "run-killed-rank.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    for path in sorted(tmp_path.glob("*/attempt-*/metrics.jsonl")):
+        lines = path.read_text().splitlines()
+        m = read_metrics(path, None)
+        assert len(m.step) == len(lines) and not m.t_derived
+        assert int((~np.isnan(m.val_loss)).sum()) == sum('"val_loss"' in line for line in lines) > 0

@@ -25,9 +25,9 @@ _NUM = rb"([-+0-9.eE]+)"
 _METRIC = re.compile(
     rb'^\{"step": (-?\d+), "loss": ' + _NUM + rb'(?:, "loss_hex": "[^"\n]*")?, "step_s": ' + _NUM
     + rb', "compute_s": [-+0-9.eE]+, "tokens_per_s": ' + _NUM + rb'(?:, "t": ' + _NUM + rb')?(?:, "train_s": [-+0-9.eE]+)?'
-    + rb'(?:, "val_loss": ' + _NUM + rb")?[,}]",
+    + rb'(?:, "total_steps": -?\d+)?(?:, "val_loss": ' + _NUM + rb')?(?:, "target_reached": \{[^\n]*\})?\}$',
     re.M,
-)
+)  # to the line's end: a key it does not know sends the file to json.loads rather than dropping what follows
 METRIC_FIELDS = ("step", "loss", "step_s", "tokens_per_s", "t", "val_loss")
 
 
