@@ -21,8 +21,9 @@ demo: $(STAMP)
 	$(BIN)/clusterctl plan examples/quickstart.yaml
 	$(BIN)/clusterctl submit examples/quickstart.yaml --wait
 
-# System tools the tests use: shellcheck for the rendered scripts, and Slurm's
-# client (scontrol) for the hostlist tests that compare with Slurm. Those run
+# System tools the tests use: shellcheck for the rendered scripts, Slurm's
+# client (scontrol) for the hostlist tests that compare with Slurm, and
+# Debian's sshd for the ssh test servers (tests/sshlab). Those run
 # before the Slurm test cluster's tests start the cluster, so its install step
 # (tests/slurmlab/lab.sh install: the Debian packages, idempotent) runs here,
 # before any test. Without root it cannot; the comparisons are then skipped,
@@ -32,6 +33,8 @@ sysdeps:
 	  || echo "warning: could not install shellcheck; its tests will be skipped"
 	@command -v scontrol >/dev/null || bash tests/slurmlab/lab.sh install \
 	  || echo "warning: could not install Slurm's packages; the tests that compare with scontrol will be skipped"
+	@test -x /usr/sbin/sshd || { apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-server; } \
+	  || echo "warning: could not install openssh-server; the ssh test servers' tests will be skipped"
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q

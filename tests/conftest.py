@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.slurmlab.plugin"]
+pytest_plugins = ["tests.slurmlab.plugin", "tests.sshlab.plugin"]
 
 BACKEND_SITES = {"slurm": "slurm-lab", "local": "local"}
 """The site each backend's jobs use: the embedded local one, or the test cluster's."""
