@@ -4,7 +4,8 @@
       spec.yaml, site.yaml     as submitted (resolved)
       run.json                 the static plan (small at any scale)
       job.sbatch, wrapper.sh   rendered scripts
-      code/                    git revision + uncommitted diff of the submitting tree
+      code/                    git revision + uncommitted diff of the submitting tree; code/tree/: the files
+                               themselves when the run was shipped from another machine (the ranks' working directory)
       attempts.jsonl           the run's history, one event per line (EVENT_*): each attempt's start
                                and end, signals, and how the run went on after an attempt (`next`:
                                in the allocation, continuation job J, requeue, stop)
@@ -34,12 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+FORMAT = 1  # the run directory's layout version: a laptop and a login node must agree on it (remote use)
 SPEC = "spec.yaml"
 SITE = "site.yaml"
 RUN_JSON = "run.json"
 SBATCH = "job.sbatch"
 WRAPPER = "wrapper.sh"
 CODE = "code"
+CODE_TREE = "code/tree"  # a shipped copy of the working tree (remote submissions): the ranks run in it
 ATTEMPTS = "attempts.jsonl"
 STATE = "state.json"
 CHECKPOINTS = "checkpoints"

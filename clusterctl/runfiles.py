@@ -28,10 +28,10 @@ def node_python(job: Job) -> str:
     return job.site.python or sys.executable
 
 
-def _render(job: Job, final: Path, standalone: bool, run_id: str | None) -> dict[str, str]:
+def _render(job: Job, final: Path, standalone: bool, run_id: str | None, python: str | None = None) -> dict[str, str]:
     """Every file of the run as text, rendered and validated before anything touches the disk."""
     rendered = render_run(
-        job.plan, final, python=node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id
+        job.plan, final, python=python or node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id
     )
     spec_doc = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     return {**rendered.files, rundir.SPEC: yaml.safe_dump(spec_doc, sort_keys=False)}
@@ -102,6 +102,64 @@ def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return RunDir(final)
+
+
+def stage_run(job: Job, final: Path, stage: Path, python: str, ship_from: Path | None) -> RunDir:
+    """A run rendered for `final` on another machine, written under `stage` here to be shipped there whole.
+
+    With `ship_from`, the git work tree holding it is copied into code/tree/ as it is now (uncommitted
+    changes included): the ranks run in that copy, not in whatever the cluster happens to have.
+    """
+    files = _render(job, final, False, final.name, python)
+    target = stage / final.name
+    try:
+        target.mkdir(parents=True)
+        _write_files(job, files, target, final)
+        (target / rundir.ATTEMPTS).touch()
+        (target / rundir.CHECKPOINTS).mkdir()
+        snapshot_code(target / rundir.CODE, job.spec_path.parent)
+        if ship_from is not None:
+            ship_tree(target / rundir.CODE_TREE, ship_from)
+        RunDir(target).write_state(state="rendered", run_id=final.name)
+    except OSError as exc:
+        raise ClusterctlError(f"cannot stage the run in {stage}: {exc}", ExitCode.BAD_CONFIG) from None
+    return RunDir(target)
+
+
+def _git(where: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def ship_tree(dest: Path, source: Path) -> int:
+    """Copy the git work tree holding `source` as it is now: tracked and untracked files (not ignored ones),
+    uncommitted changes included. Returns the bytes copied."""
+    top = _git(source, "rev-parse", "--show-toplevel")
+    if top is None:
+        raise ClusterctlError(
+            f"{source} is not inside a git work tree, so there is no defined set of files to ship: give --code DIR"
+            " (a git work tree), or --code-on-cluster PATH (code already on the cluster)", ExitCode.USAGE
+        )
+    root = Path(top.strip())
+    names = (_git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard") or "").split("\0")
+    dest.mkdir(parents=True)
+    total = 0
+    for name in filter(None, names):
+        src, dst = root / name, dest / name
+        if not os.path.lexists(src):
+            continue  # deleted in the working tree: the job runs without it
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        elif src.is_dir():  # a submodule
+            shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        else:
+            shutil.copy2(src, dst)
+            total += dst.stat().st_size
+    return total
 
 
 def snapshot_code(dest: Path, where: Path) -> None:

@@ -58,6 +58,7 @@ class Attempt:
     kept_s: float = 0.0  # wall time of the kept steps
     next: str | None = None  # how the run went on: rundir.NEXT_* (allocation, continuation, ...)
     next_job: str | None = None
+    next_reason: str = ""  # why it went on that way (the recovery step's words)
     verdict: str = ""  # the controller's one-line verdict when it was not ok
     culprits: list[dict[str, Any]] = field(default_factory=list)
 
@@ -84,6 +85,15 @@ class RunState:
     submitted: float | None
     last_change: float | None
     backend: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunState":
+        """Back from `status --json` (a login node's answer, shown here)."""
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known = Attempt.__dataclass_fields__
+        fields["attempts"] = [Attempt(**{k: v for k, v in a.items() if k in known}) for a in data.get("attempts") or []]
+        fields["path"] = Path(str(data.get("path", "")))
+        return cls(**fields)
 
     def as_dict(self) -> dict[str, Any]:
         """`status --json`: job ids as the user sees them (local-N on the local backend)."""
@@ -197,6 +207,7 @@ def _attempts(run: RunDir, events: list[dict[str, Any]], run_json: dict[str, Any
         elif kind == rundir.EVENT_NEXT:
             a.next = e.get("how")
             a.next_job = native_job(e.get("next_job")) or None
+            a.next_reason = str(e.get("reason") or "")
             if a.end is None:
                 a.end = _time(e)
     gpn = int(run_json.get("gpus_per_node") or 0)

@@ -164,6 +164,23 @@ class ContainerRuntime(Section):
     plugin: Literal["pyxis", "none"] = "none"
 
 
+LOGIN_HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]+$")
+
+
+class Login(Section):
+    """How a laptop reaches the cluster: the login node that `--remote` commands run on over SSH."""
+
+    host: Annotated[str, Field(pattern=LOGIN_HOST.pattern)] = Field(
+        description="[USER@]HOST[:PORT] or a Host alias of ~/.ssh/config"
+    )
+    clusterctl: PlainPath = Field(
+        "clusterctl", description="the clusterctl command on the login node (found through its login shell's PATH)"
+    )
+    transport: Literal["auto", "paramiko", "openssh"] = Field(
+        "auto", description="paramiko, the ssh/scp executables, or auto (paramiko unless ~/.ssh/config asks for more)"
+    )
+
+
 class Site(Section):
     """A cluster as its admin describes it."""
 
@@ -188,6 +205,7 @@ class Site(Section):
     gres: Literal["gpus-per-node", "gres", "none"] = Field(
         "gpus-per-node", description="how GPUs are requested from Slurm"
     )
+    login: Login | None = Field(None, description="the login node a laptop submits through (clusterctl ... --remote)")
 
     @property
     def default_partition(self) -> str:

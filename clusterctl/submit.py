@@ -88,8 +88,14 @@ def submit_job(job: Job, backend_name: str | None = None, *, dry_run: bool = Fal
     if dry_run:
         run.write_state(state="dry-run", backend=name)
         return Submitted(run, None, name, suspects=choice)
+    return replace(submit_rendered(run, backend, Path.cwd()), suspects=choice)
+
+
+def submit_rendered(run: RunDir, backend: Backend, workdir: Path, options: list[str] | None = None) -> Submitted:
+    """Hand a complete run directory's batch script to the backend; state.json says how it went."""
+    name = backend.name
     try:
-        submission = backend.submit(run.sbatch, Path.cwd())
+        submission = backend.submit(run.sbatch, workdir, options)
     except ClusterctlError as exc:
         run.write_state(state="failed", backend=name, reason=exc.message, exit_code=int(exc.exit_code))
         raise
@@ -98,19 +104,21 @@ def submit_job(job: Job, backend_name: str | None = None, *, dry_run: bool = Fal
         raise
     shown = backend.display_id(submission.job_id)
     run.write_state(state="submitted", backend=name, job_id=shown)
-    return Submitted(run, submission.job_id, name, tuple(_first_look(backend, submission.job_id)), shown, choice)
+    return Submitted(run, submission.job_id, name, tuple(_first_look(backend, submission.job_id)), shown)
 
 
-def avoid_suspects(job: Job, now: float | None = None) -> tuple[Job, SuspectChoice]:
+def avoid_suspects(job: Job, now: float | None = None, found: dict[str, Suspect] | None = None) -> tuple[Job, SuspectChoice]:
     """The job with its partition's active suspects added to topology.exclude, and what was decided.
 
-    Reads the runs root the run will be created in; the rest is pure
-    (choose_suspects, exclude_nodes), so render and plan never touch the disk.
+    Reads the runs root the run will be created in unless `found` (the active suspects, read elsewhere:
+    a login node's) is given; the rest is pure (choose_suspects, exclude_nodes), so render and plan never
+    touch the disk.
     """
     window_s = job.site.reliability.suspect_hours * 3600
     if window_s <= 0:
         return job, SuspectChoice()
-    found = suspects.active(runs_root(job), window_s, now)
+    if found is None:
+        found = suspects.active(runs_root(job), window_s, now)
     choice = choose_suspects(job, found, window_s)
     if not choice.excluded:
         return job, choice

@@ -18,6 +18,7 @@ from clusterctl.cli import (
     submit_cmd,
     suspects_cmd,
     trace_cmd,
+    version_cmd,
 )
 
 app = new_app("Compile a job spec into a topology-aware distributed PyTorch job on Slurm.")
@@ -34,6 +35,7 @@ drill_cmd.register(app)
 run_cmds.register(app)
 suspects_cmd.register(app)
 schema_cmd.register(app)
+version_cmd.register(app)
 app.add_typer(site_cmd.site_app, name="site")
 
 

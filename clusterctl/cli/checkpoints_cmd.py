@@ -12,7 +12,9 @@ from rich.table import Table
 
 from clusterctl import rundir
 from clusterctl.cli.app import out_console
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.options import JsonOpt
+from clusterctl.cli.runarg import resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
@@ -25,17 +27,26 @@ def checkpoint_dir(target: Path) -> Path:
         return Path(configured) if configured else target / rundir.CHECKPOINTS
     if target.is_dir():
         return target
-    raise ClusterctlError(f"{target} is neither a run directory nor a checkpoint directory", ExitCode.BAD_CONFIG)
+    try:  # a run id under ./runs, or one of the run's job ids
+        return checkpoint_dir(resolve_run(str(target)).path)
+    except ClusterctlError:
+        pass
+    raise ClusterctlError(f"{target} is neither a run directory, a run id or job id under ./runs, nor a checkpoint directory",
+                          ExitCode.BAD_CONFIG)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("checkpoints")
     def checkpoints(
-        target: Annotated[Path, typer.Argument(help="run directory, or a checkpoint directory")],
+        ctx: typer.Context,
+        target: Annotated[Path, typer.Argument(help="run directory, run id or job id of a run, or a checkpoint directory")],
         check: Annotated[bool, typer.Option("--verify/--no-verify", help="recompute sizes and checksums")] = True,
         as_json: JsonOpt = False,
+        remote: RemoteOpt = None,
     ) -> None:
         """List checkpoint generations: committed, torn, in progress; verify the committed ones."""
+        if where := remote_target(remote):
+            run_there(where, ctx)
         from clusterctl.checkpoint import latest_committed, list_generations, verify
 
         directory = checkpoint_dir(target)

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from clusterctl import runlogs
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.rundir import RunDir
@@ -60,6 +61,7 @@ def _write(lines: Iterable[str]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("logs")
     def logs(
+        ctx: typer.Context,
         run: RunArg,
         rank: Annotated[Optional[int], typer.Option("--rank", "-r", help="only this global rank's lines, its label stripped")] = None,
         node: Annotated[
@@ -72,6 +74,7 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--follow", "-f", help="keep printing new lines, new attempts' too, until the run ends (or Ctrl-C)")
         ] = False,
         grep: Annotated[Optional[str], typer.Option("--grep", "-g", metavar="REGEX", help="only lines whose text matches (Python re)")] = None,
+        remote: RemoteOpt = None,
     ) -> None:
         """Show a run's logs: a rank's lines, a node's log, or everything of an attempt merged.
 
@@ -84,6 +87,8 @@ def register(app: typer.Typer) -> None:
         (job J) on HOSTS <==` header; --follow starts at the latest attempt (or
         --attempt N, or the first with all) and goes on into new ones.
         """
+        if where := remote_target(remote):
+            run_there(where, ctx)
         target = resolve_run(run)
         pattern = runlogs.compile_grep(grep)
         infos = runlogs.list_attempts(target)

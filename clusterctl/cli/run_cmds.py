@@ -9,6 +9,7 @@ import typer
 
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt, SetOpt
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.runcontrol import Report, cancel_run, requeue_run
 
@@ -43,18 +44,23 @@ def _print(report: Report, as_json: bool, what: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("cancel")
     def cancel(
+        ctx: typer.Context,
         run: RunArg,
         save: Annotated[bool, typer.Option("--save", help="let a running job save a checkpoint first")] = False,
         timeout: TimeoutOpt = 900.0,
         as_json: JsonOpt = False,
+        remote: RemoteOpt = None,
     ) -> None:
         """Stop the whole run: its running job, any pending continuation, every future restart."""
+        if where := remote_target(remote):
+            run_there(where, ctx)
         target = resolve_run(run)
         report = cancel_run(target, save, timeout, lambda line: err_console.print(line))
         _print(report, as_json, "cancel")
 
     @app.command("requeue")
     def requeue(
+        ctx: typer.Context,
         run: RunArg,
         exclude: Annotated[
             Optional[list[str]], typer.Option("--exclude", "-x", metavar="NODE", help="also avoid these nodes (repeatable; hostlists)")
@@ -65,6 +71,7 @@ def register(app: typer.Typer) -> None:
         set_: SetOpt = None,
         timeout: TimeoutOpt = 900.0,
         as_json: JsonOpt = False,
+        remote: RemoteOpt = None,
     ) -> None:
         """Continue the run from its latest committed checkpoint in a new job.
 
@@ -73,6 +80,8 @@ def register(app: typer.Typer) -> None:
         otherwise. --set may change the data-parallel size (the checkpoint is
         resharded on load); tp, pp, cp and ep changes are refused.
         """
+        if where := remote_target(remote):
+            run_there(where, ctx)
         target = resolve_run(run)
         report = requeue_run(target, exclude or [], keep_culprits, set_ or [], timeout, lambda line: err_console.print(line))
         _print(report, as_json, "requeue")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,9 +16,11 @@ from rich.text import Text
 from clusterctl.backends import get_backend
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target
 from clusterctl.cli.runarg import resolve_run, runs_root
 from clusterctl.cli.status_view import run_screen, runs_json, runs_table
 from clusterctl.rundir import RunDir
+from clusterctl.remote.client import connect
 from clusterctl.runstate import FINAL, RunState, derive_many, list_runs
 
 RootOpt = Annotated[Optional[Path], typer.Option("--runs-root", help="where the runs are (default ./runs)", show_default=False)]
@@ -42,6 +45,31 @@ def _shown(run: Optional[str], root: Path | None, show_all: bool) -> list[RunDir
     return [RunDir(st.path) for st in going] or found[:1]
 
 
+def _parsed(data: object) -> list[RunState]:
+    """A login node's `status --json`: one object for one run, a list otherwise."""
+    items = data if isinstance(data, list) else [data]
+    return [RunState.from_dict(item) for item in items if isinstance(item, dict)]
+
+
+def _show(poll: Callable[[], list[RunState]], as_json: bool, watch: bool, every: float, single: bool) -> None:
+    """Print the states once (JSON or one screen per run), or refresh them until every run has ended."""
+    if as_json:
+        data = [st.as_dict() for st in poll()]
+        print(json.dumps(data[0] if single and data else data, indent=1))
+        return
+    console = out_console()
+    if not watch:
+        console.print(Group(*[run_screen(st) for st in poll()]))
+        return
+    with Live(Text("asking the scheduler..."), console=console, auto_refresh=False) as live:
+        while True:
+            states = poll()
+            live.update(Group(*[run_screen(st) for st in states]), refresh=True)
+            if all(st.state in FINAL for st in states):
+                break
+            time.sleep(every)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("status")
     def status(
@@ -52,35 +80,35 @@ def register(app: typer.Typer) -> None:
         watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh until every run shown has ended (Ctrl-C stops)")] = False,
         every: Annotated[float, typer.Option("--every", help="seconds between refreshes with --watch", min=0.2)] = 2.0,
         as_json: JsonOpt = False,
+        remote: RemoteOpt = None,
     ) -> None:
         """A run's state (pending with Slurm's reason, training at step N, restarting, completed, failed with the
         culprit, ...), its attempts, latest checkpoint and goodput. One scheduler query per refresh for all runs."""
+        if where := remote_target(remote):
+            with connect(where) as link:
+                args = ["status", *([run] if run else []), *(["--runs-root", str(root)] if root else []),
+                        *(["--all"] if show_all else []), "--json"]
+                _show(lambda: _parsed(link.json(args)), as_json, watch, every, single=run is not None)
+            return
         runs = _shown(run, root, show_all)
         if not runs:
-            err_console.print(f"no runs under {runs_root(root)}")
+            if as_json:
+                print("[]")
+            else:
+                err_console.print(f"no runs under {runs_root(root)}")
             raise typer.Exit(0)
-        if as_json:
-            states = _states(runs)
-            data = [st.as_dict() for st in states]
-            print(json.dumps(data[0] if run is not None else data, indent=1))
-            return
-        console = out_console()
-        if not watch:
-            console.print(Group(*[run_screen(st) for st in _states(runs)]))
-            return
-        with Live(Text("asking the scheduler..."), console=console, auto_refresh=False) as live:
-            while True:
-                states = _states(runs)
-                live.update(Group(*[run_screen(st) for st in states]), refresh=True)
-                if all(st.state in FINAL for st in states):
-                    break
-                time.sleep(every)
+        _show(lambda: _states(runs), as_json, watch, every, single=run is not None)
 
     @app.command("runs")
-    def runs_cmd(root: RootOpt = None, as_json: JsonOpt = False) -> None:
+    def runs_cmd(root: RootOpt = None, as_json: JsonOpt = False, remote: RemoteOpt = None) -> None:
         """List the runs under the runs root, newest first: state, step, attempts, last change."""
         where = runs_root(root)
-        states = _states(list_runs(where))
+        if there := remote_target(remote):
+            with connect(there) as link:
+                states = _parsed(link.json(["status", "--all", "--json", *(["--runs-root", str(root)] if root else [])]))
+            where = Path(f"{there}:{root or 'runs'}")
+        else:
+            states = _states(list_runs(where))
         if as_json:
             print(json.dumps([runs_json(st) for st in states], indent=1))
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -13,10 +14,15 @@ from clusterctl import hostlist, rundir
 from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
-from clusterctl.job import load_job
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.job import Job, load_job
+from clusterctl.remote.submit import login_of, submit_remote
+from clusterctl.runstate import RunState
 from clusterctl.submit import SuspectChoice, submit_job
 from clusterctl.units import format_duration
-from clusterctl.cli.wait import follow
+from clusterctl.cli.wait import follow, local_state
 
 
 def _when(epoch: float) -> str:
@@ -51,11 +57,23 @@ def register(app: typer.Typer) -> None:
         wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends; exit with its code")] = False,
         site: SiteOpt = None,
         set_: SetOpt = None,
+        remote: RemoteOpt = None,
+        code: Annotated[Optional[Path], typer.Option(
+            "--code", help="with --remote: ship this git work tree (default: the spec's) as the ranks' working directory")] = None,
+        code_on_cluster: Annotated[Optional[str], typer.Option(
+            "--code-on-cluster", metavar="PATH", help="with --remote: the ranks run in this existing directory instead")] = None,
     ) -> None:
         """Validate, render into a new run directory, and submit."""
         job = load_job(spec, set_ or [], site)
-        done = submit_job(job, backend, dry_run=dry_run)
         console = out_console()
+        there = login_of(job, remote_target(remote), backend)
+        if there is not None:
+            _submit_remote(job, *there, backend, code, code_on_cluster, dry_run, wait, console)
+            return
+        if code is not None or code_on_cluster is not None:
+            raise ClusterctlError("--code and --code-on-cluster go with --remote (here the ranks run where you submit from)",
+                                  ExitCode.USAGE)
+        done = submit_job(job, backend, dry_run=dry_run)
         print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
         if done.job_id is None:
             console.print(f"dry run: nothing submitted; run directory {done.run.path}")
@@ -67,6 +85,29 @@ def register(app: typer.Typer) -> None:
         for warning in done.warnings:
             console.print(Text.assemble(("warning: ", "yellow"), warning))
         if wait:
-            outcome = follow(get_backend(done.backend), done.run, lambda line: console.print(line))
+            outcome = follow(local_state(get_backend(done.backend), done.run), lambda line: console.print(line))
+            console.print(outcome.summary)
+            raise typer.Exit(outcome.exit_code)
+
+
+def _submit_remote(job: Job, host: str, command: str | None, transport: str, backend: str | None, code: Path | None,
+                   code_on_cluster: str | None, dry_run: bool, wait: bool, console: Console) -> None:
+    """Render here, ship the run (and the code), submit on the login node; --wait follows it there."""
+    console.print(f"connecting to {host} ...")
+    done = submit_remote(job, host, command, transport, backend, code, code_on_cluster, dry_run)
+    with done.remote as link:
+        where = f"{link.host}:{done.run_path}"
+        print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
+        if done.job_id is None:
+            console.print(f"dry run: nothing submitted; run directory {where}")
+            return
+        console.print(f"submitted job {done.display_id} ({done.backend}) on {link.host}: {job.plan.world_size} ranks"
+                      f" on {job.plan.nodes} nodes")
+        console.print(f"run directory: {where} (the ranks run in {done.workdir})")
+        for warning in done.warnings:
+            console.print(Text.assemble(("warning: ", "yellow"), warning))
+        if wait:
+            poll = lambda: RunState.from_dict(link.json(["status", done.run_path, "--json"]))  # noqa: E731
+            outcome = follow(poll, lambda line: console.print(line), every_s=2.0)
             console.print(outcome.summary)
             raise typer.Exit(outcome.exit_code)

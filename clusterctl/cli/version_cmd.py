@@ -1,0 +1,72 @@
+"""`clusterctl version`, and `submit-run`: what a laptop asks of the login node's clusterctl.
+
+A laptop renders a run, ships its directory and then has the login node's
+clusterctl submit it; before anything is shipped it checks that both sides
+agree on the run directory's format (`version --json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from clusterctl import __version__, rundir
+from clusterctl.backends import BACKENDS, get_backend
+from clusterctl.cli.app import out_console
+from clusterctl.cli.options import JsonOpt
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import RunDir
+from clusterctl.submit import submit_rendered
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def facts(expand: list[str]) -> dict[str, object]:
+    """This installation: its version, run-directory format, interpreter, and paths expanded here."""
+    expanded: dict[str, str | None] = {}
+    for text in expand:
+        unset = [a or b for a, b in _VARIABLE.findall(text) if (a or b) not in os.environ]
+        path = Path(os.path.expandvars(text)).expanduser()
+        expanded[text] = None if unset else str(path if path.is_absolute() else Path.cwd() / path)
+    return {"version": __version__, "run_dir_format": rundir.FORMAT, "python": sys.executable, "cwd": str(Path.cwd()),
+            "expanded": expanded}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("version")
+    def version(
+        as_json: JsonOpt = False,
+        expand: Annotated[Optional[list[str]], typer.Option("--expand", help="also expand this path here (~, $VARIABLES)")] = None,
+    ) -> None:
+        """Print clusterctl's version and the run-directory format it reads and writes."""
+        found = facts(expand or [])
+        if as_json:
+            print(json.dumps(found))
+            return
+        out_console().print(f"clusterctl {found['version']} (run directory format {found['run_dir_format']}, python {found['python']})")
+
+    @app.command("submit-run", hidden=True)
+    def submit_run(
+        run: Annotated[Path, typer.Argument(help="a complete run directory, as `submit --remote` shipped it")],
+        backend: Annotated[str, typer.Option("--backend", help=f"one of {', '.join(BACKENDS)}")] = "slurm",
+        chdir: Annotated[Optional[Path], typer.Option("--chdir", help="the ranks' working directory")] = None,
+    ) -> None:
+        """Submit a run directory rendered elsewhere; prints one JSON object (job id, warnings)."""
+        target = RunDir(run.resolve())
+        if not target.sbatch.is_file():
+            raise ClusterctlError(f"{run} is not a rendered run directory (no {rundir.SBATCH})", ExitCode.USAGE)
+        chosen = get_backend(backend)
+        chosen.check()
+        workdir = chdir.resolve() if chdir is not None else target.path
+        if not workdir.is_dir():
+            raise ClusterctlError(f"--chdir {workdir}: no such directory on this machine", ExitCode.USAGE)
+        done = submit_rendered(target, chosen, workdir, [f"--chdir={workdir}"])
+        print(json.dumps({"run": str(target.path), "job_id": done.job_id, "display_id": done.display_id,
+                          "backend": done.backend, "warnings": list(done.warnings)}))

@@ -1,0 +1,95 @@
+"""`submit --remote`: render here, ship the run directory (and the code) to the login node, submit there.
+
+The run is rendered for its place on the cluster (the runs root expanded
+by the login node: `~` and `$VARIABLES` are the cluster's), staged in a
+temporary directory here, uploaded whole (transport.upload_tree), and
+handed to the login node's clusterctl (`submit-run`), which runs sbatch in
+a login shell with the ranks' working directory set to the shipped code.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from clusterctl import rundir
+from clusterctl.errors import ClusterctlError, ConfigError, Problem
+from clusterctl.exitcodes import ExitCode
+from clusterctl.job import Job
+from clusterctl.remote.client import Remote, connect
+from clusterctl.runfiles import stage_run
+from clusterctl.submit import SuspectChoice, avoid_suspects, default_backend
+from clusterctl.suspects import Suspect
+
+
+@dataclass
+class RemoteSubmission:
+    remote: Remote
+    run_path: str  # on the login node
+    job_id: str | None
+    display_id: str | None
+    backend: str
+    warnings: list[str]
+    suspects: SuspectChoice
+    workdir: str
+
+
+def login_of(job: Job, remote: str | None, backend: str | None) -> tuple[str, str | None, str] | None:
+    """Where `submit` goes: --remote (or $CLUSTERCTL_REMOTE); else the site's login node when this machine
+    has no sbatch (a laptop); else nowhere (None: submit here). With the clusterctl command and transport."""
+    login = job.site.login
+    if remote is None and (login is None or backend == "local" or shutil.which("sbatch") is not None):
+        return None
+    host = remote or login.host  # type: ignore[union-attr]
+    return host, (str(login.clusterctl) if login else None), (login.transport if login else "auto")
+
+
+def remote_suspects(remote: Remote, root: str, job: Job, now: float) -> dict[str, Suspect]:
+    """The login node's suspect nodes (its runs root), active by this job's site's window."""
+    window_s = job.site.reliability.suspect_hours * 3600
+    if window_s <= 0:
+        return {}
+    rows = remote.json(["suspects", "--runs-root", root, "--all", "--json"])
+    found = {}
+    for row in rows if isinstance(rows, list) else []:
+        if row.get("state") != "cleared" and float(row.get("time", 0)) + window_s > now:
+            found[str(row["node"])] = Suspect(str(row["node"]), str(row.get("reason", "")), int(row.get("code", 0)),
+                                              str(row.get("run", "")), float(row["time"]))
+    return found
+
+
+def submit_remote(job: Job, remote: str, command: str | None, transport: str, backend_name: str | None,
+                  code: Path | None, code_on_cluster: str | None, dry_run: bool = False) -> RemoteSubmission:
+    raw_root = job.spec.runs_root or job.site.runs_root or "runs"
+    link = connect(remote, command, transport, expand=[raw_root])
+    try:
+        assert link.facts is not None
+        root = link.facts["expanded"].get(raw_root)
+        if not root:
+            field = "runs_root" if job.spec.runs_root else "site runs_root"
+            raise ConfigError("job spec", [Problem(field, raw_root, f"a variable in it is not set on {link.host}; write the path out")])
+        if code_on_cluster and link.transport.run(shlex.join(["test", "-d", code_on_cluster])).returncode != 0:
+            raise ClusterctlError(f"--code-on-cluster {code_on_cluster}: no such directory on {link.host}", ExitCode.USAGE)
+        job, choice = avoid_suspects(job, found=remote_suspects(link, root, job, time.time()))
+        run_id = rundir.new_run_id(job.spec.name)
+        final = PurePosixPath(root) / run_id
+        workdir = code_on_cluster or str(final / rundir.CODE_TREE)
+        python = job.site.python or str(link.facts.get("python") or "python3")
+        with tempfile.TemporaryDirectory(prefix="clusterctl-stage-") as stage:
+            staged = stage_run(job, Path(final), Path(stage), python, None if code_on_cluster else (code or job.spec_path.parent))
+            if dry_run:
+                staged.write_state(state="dry-run", backend=backend_name or default_backend(job))
+            link.transport.upload_tree(staged.path, root, run_id)
+        if dry_run:
+            return RemoteSubmission(link, str(final), None, None, backend_name or default_backend(job), [], choice, workdir)
+        answer = link.json(["submit-run", str(final), "--backend", backend_name or default_backend(job), "--chdir", workdir])
+        return RemoteSubmission(link, str(final), answer.get("job_id"), answer.get("display_id"), answer.get("backend", ""),
+                                list(answer.get("warnings") or []), choice, workdir)
+    except BaseException:
+        link.close()
+        raise
+
