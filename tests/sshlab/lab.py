@@ -331,6 +331,9 @@ def _sshd_config(
     return "\n".join(lines) + "\n"
 
 
+_OWN_DOTFILES = {".profile", ".bashrc", ".bash_profile", ".bash_login", ".ssh"}  # the lab's, not the real home's
+
+
 def start_lab(
     state_dir: Path | None = None,
     *,
@@ -368,6 +371,14 @@ def start_lab(
             home.mkdir(exist_ok=True)
             (home / ".profile").write_text(profile)
             (home / ".bashrc").write_text("# clusterctl ssh lab: empty on purpose\n")
+            # Everything else of the real home stays reachable (an interpreter under ~/.pyenv, say):
+            # the real home is bound at state/realhome inside the namespace, and linked from the lab home.
+            real = Path(os.path.expanduser(f"~{user}"))
+            (state / "realhome").mkdir(exist_ok=True)
+            for entry in sorted(os.listdir(real)) if real.is_dir() else []:
+                link = home / entry
+                if entry not in _OWN_DOTFILES and not os.path.lexists(link):
+                    link.symlink_to(state / "realhome" / entry)
         last_error = ""
         for _attempt in range(3):  # a free port can be taken between picking and binding
             port = free_port(host)
@@ -383,9 +394,9 @@ def start_lab(
             argv = [SSHD, "-D", "-f", str(config), "-E", str(log)]
             if home is not None:
                 user_home = os.path.expanduser(f"~{user}")
-                script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+                script = 'mount --bind "$2" "$3" && mount --bind "$1" "$2" && shift 3 && exec "$@"'
                 argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                        "sh", str(home), user_home, *argv]
+                        "sh", str(home), user_home, str(state / "realhome"), *argv]
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE, start_new_session=True,
