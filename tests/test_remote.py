@@ -179,3 +179,12 @@ def test_a_dropped_upload_leaves_nothing_and_a_version_mismatch_is_refused(lapto
     assert done.returncode == 69, done.stderr
     assert "but on 127.0.0.1 it is 0.0.9 (format 0)" in done.stderr and "(run directory format 1)" in done.stderr
     assert list(laptop["root"].iterdir()) == []
+
+
+def test_a_clusterctl_of_another_run_directory_format_refuses_what_a_laptop_asks(tmp_path: Path) -> None:
+    """Every command a laptop runs there carries its format; the login node's clusterctl checks it first."""
+    env = {**os.environ, "CLUSTERCTL_EXPECT_FORMAT": "99"}
+    done = subprocess.run([CLUSTERCTL, "runs", "--runs-root", str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 69 and "the caller's speaks format 99" in done.stderr and "(run directory format 1)" in done.stderr
+    env["CLUSTERCTL_EXPECT_FORMAT"] = "1"
+    assert subprocess.run([CLUSTERCTL, "runs", "--runs-root", str(tmp_path)], env=env, capture_output=True, timeout=60).returncode == 0

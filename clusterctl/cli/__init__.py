@@ -40,4 +40,20 @@ app.add_typer(site_cmd.site_app, name="site")
 
 
 def main() -> None:
+    refuse_other_format()
     app()
+
+
+def refuse_other_format() -> None:
+    """A laptop's clusterctl says which run-directory format it speaks; a login node with another refuses (69)."""
+    import os
+    import sys
+
+    from clusterctl import __version__, rundir
+    from clusterctl.remote.client import FORMAT_ENV
+
+    wanted = os.environ.get(FORMAT_ENV)
+    if wanted and wanted != str(rundir.FORMAT):
+        print(f"error: clusterctl on this machine is {__version__} (run directory format {rundir.FORMAT}); the caller's"
+              f" speaks format {wanted}: install the same release on both", file=sys.stderr)
+        raise SystemExit(69)

@@ -20,6 +20,7 @@ from clusterctl.remote.transport import Completed, Transport, login_command, ope
 
 REMOTE_ENV = "CLUSTERCTL_REMOTE"  # a default for --remote
 COMMAND_ENV = "CLUSTERCTL_REMOTE_COMMAND"  # the clusterctl command on the login node, when no site says
+FORMAT_ENV = "CLUSTERCTL_EXPECT_FORMAT"  # set on every command run there: a clusterctl of another format refuses it
 
 
 @dataclass
@@ -34,8 +35,12 @@ class Remote:
     def host(self) -> str:
         return self.transport.destination.hostname
 
+    def argv(self, args: list[str]) -> list[str]:
+        """The far command: this side's run-directory format travels with it (cli.refuse_other_format)."""
+        return ["env", f"{FORMAT_ENV}={rundir.FORMAT}", self.command, *args]
+
     def call(self, args: list[str], stdin: bytes | None = None, timeout: float | None = None) -> Completed:
-        return self.transport.run(login_command([self.command, *args]), stdin=stdin, timeout=timeout)
+        return self.transport.run(login_command(self.argv(args)), stdin=stdin, timeout=timeout)
 
     def json(self, args: list[str], timeout: float | None = None) -> Any:
         """Run a command that prints JSON; its own error message (and exit code) when it fails."""
@@ -58,7 +63,14 @@ class Remote:
     def check(self, expand: list[str] = ()) -> dict[str, Any]:
         """The login node's clusterctl facts; refused unless it writes the run directories this one does."""
         args = ["version", "--json", *[a for path in expand for a in ("--expand", path)]]
-        found = self.json(args, timeout=120)
+        done = self.transport.run(login_command([self.command, *args]), timeout=120)  # no format of ours: its own facts
+        if done.returncode != 0:
+            raise ClusterctlError(self._failure(args, done), _code(done.returncode))
+        try:
+            found = json.loads(done.stdout)
+        except ValueError:
+            raise ClusterctlError(f"clusterctl version on {self.host} printed no JSON: {done.stdout[-300:]!r}",
+                                  ExitCode.BACKEND_UNAVAILABLE) from None
         if found.get("run_dir_format") != rundir.FORMAT:
             raise ClusterctlError(
                 f"clusterctl here is {__version__} (run directory format {rundir.FORMAT}) but on {self.host} it is"
@@ -76,7 +88,7 @@ class Remote:
             write(data.replace(b"\r\n", b"\n"))
             sys.stdout.flush()
 
-        return self.transport.stream(login_command([self.command, *args]), out)
+        return self.transport.stream(login_command(self.argv(args)), out)
 
     def close(self) -> None:
         self.transport.close()
@@ -98,13 +110,18 @@ def target(remote: str | None) -> str | None:
     return chosen or None
 
 
-def connect(remote: str, command: str | None = None, transport: str = "auto", expand: list[str] = ()) -> Remote:
-    """Connect, check the far clusterctl's version; one connection for everything the command does."""
+def connect(remote: str, command: str | None = None, transport: str = "auto", expand: list[str] | None = None) -> Remote:
+    """Connect; one connection for everything the command does.
+
+    With `expand` (what submit needs: paths expanded there), the far clusterctl's version is asked first
+    and a different run-directory format refused before anything is shipped; every other command carries
+    this side's format along and a far clusterctl of another format refuses to run it."""
     link = open_transport(remote, transport)
     found = Remote(link, command or os.environ.get(COMMAND_ENV) or "clusterctl")
-    try:
-        found.check(list(expand))
-    except BaseException:
-        link.close()
-        raise
+    if expand is not None:
+        try:
+            found.check(expand)
+        except BaseException:
+            link.close()
+            raise
     return found
