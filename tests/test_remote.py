@@ -68,12 +68,16 @@ def cli(laptop: dict[str, Any], *args: str, remote: str = "cluster", input: str 
 @pytest.mark.slurm
 def test_a_remote_job_runs_the_shipped_code_and_is_followed_read_and_cancelled(slurm_lab, laptop: dict[str, Any]) -> None:  # noqa: ANN001
     assert not (laptop["root"] / "x").exists() and run_as_laptop(["ls", str(laptop["hidden"])], [laptop["hidden"]]).stdout == ""
+    blamed = {"node": "n1", "reason": "hang in forward", "code": 82, "run": "earlier", "time": time.time() - 60}
+    (laptop["root"] / "suspects.jsonl").write_text(json.dumps(blamed) + "\n")  # the cluster's, not the laptop's
     done = cli(laptop, "submit", str(spec(laptop)), "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "submitted job " in done.stdout and " on 127.0.0.1: 2 ranks on 2 nodes" in done.stdout
+    assert "excluding suspect node n1: hang in forward (code 82) in run earlier" in done.stdout
     assert "completed: training finished" in done.stdout
-    (run,) = [p for p in laptop["root"].iterdir() if not p.name.startswith(".")]  # on the cluster's side
+    (run,) = [p for p in laptop["root"].iterdir() if p.is_dir() and not p.name.startswith(".")]  # on the cluster's side
     assert (run / "code" / "tree" / "VERSION").read_text() == "uncommitted\n"
+    assert "n1" not in json.loads((run / "attempt-1" / "attempt.json").read_text())["hosts"]
     listed = json.loads(cli(laptop, "runs", "--runs-root", str(laptop["root"]), "--json").stdout)
     assert [(r["run"], r["state"]) for r in listed] == [(run.name, "completed")]
     logs = cli(laptop, "logs", str(run), "--rank", "1")
@@ -85,7 +89,7 @@ def test_a_remote_job_runs_the_shipped_code_and_is_followed_read_and_cancelled(s
     sleeper = spec(laptop, command=["python3", "-c", "import time; print('sleeping', flush=True); time.sleep(300)"])
     second = cli(laptop, "submit", str(sleeper))
     assert second.returncode == 0, second.stdout + second.stderr
-    run2 = max((p for p in laptop["root"].iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
+    run2 = max((p for p in laptop["root"].iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)
     assert run2 != run
     deadline = time.monotonic() + 90
     while json.loads(cli(laptop, "status", str(run2), "--json").stdout)["state"] not in ("training", "starting"):

@@ -11,15 +11,17 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from clusterctl import __version__, rundir
+from clusterctl import __version__, rundir, suspects
 from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
+from clusterctl.cli.suspects_cmd import rows as suspect_rows
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
@@ -28,15 +30,22 @@ from clusterctl.submit import submit_rendered
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
-def facts(expand: list[str]) -> dict[str, object]:
-    """This installation: its version, run-directory format, interpreter, and paths expanded here."""
+def facts(expand: list[str], with_suspects: bool = False) -> dict[str, object]:
+    """This installation: its version, run-directory format, interpreter, paths expanded here and (for a
+    laptop's submit, in the same round trip) the suspect nodes of each expanded runs root."""
     expanded: dict[str, str | None] = {}
+    blamed: dict[str, list[dict[str, object]]] = {}
     for text in expand:
         unset = [a or b for a, b in _VARIABLE.findall(text) if (a or b) not in os.environ]
         path = Path(os.path.expandvars(text)).expanduser()
         expanded[text] = None if unset else str(path if path.is_absolute() else Path.cwd() / path)
-    return {"version": __version__, "run_dir_format": rundir.FORMAT, "python": sys.executable, "cwd": str(Path.cwd()),
-            "expanded": expanded}
+        if with_suspects and expanded[text]:
+            blamed[text] = suspect_rows(suspects.nodes(Path(str(expanded[text]))), 0.0, time.time(), True)
+    found: dict[str, object] = {"version": __version__, "run_dir_format": rundir.FORMAT, "python": sys.executable,
+                                "cwd": str(Path.cwd()), "expanded": expanded}
+    if with_suspects:
+        found["suspects"] = blamed
+    return found
 
 
 def register(app: typer.Typer) -> None:
@@ -44,9 +53,10 @@ def register(app: typer.Typer) -> None:
     def version(
         as_json: JsonOpt = False,
         expand: Annotated[Optional[list[str]], typer.Option("--expand", help="also expand this path here (~, $VARIABLES)")] = None,
+        with_suspects: Annotated[bool, typer.Option("--suspects", help="with --expand: the suspect nodes of those runs roots")] = False,
     ) -> None:
         """Print clusterctl's version and the run-directory format it reads and writes."""
-        found = facts(expand or [])
+        found = facts(expand or [], with_suspects)
         if as_json:
             print(json.dumps(found))
             return

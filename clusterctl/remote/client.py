@@ -61,8 +61,9 @@ class Remote:
         return f"on {self.host}: {said or f'clusterctl {args[0]} exited {done.returncode}'}"
 
     def check(self, expand: list[str] = ()) -> dict[str, Any]:
-        """The login node's clusterctl facts; refused unless it writes the run directories this one does."""
-        args = ["version", "--json", *[a for path in expand for a in ("--expand", path)]]
+        """The login node's clusterctl facts (with the suspects of the runs roots in `expand`); refused unless it
+        writes the run directories this one does."""
+        args = ["version", "--json", *[a for path in expand for a in ("--expand", path)], *(["--suspects"] if expand else [])]
         done = self.transport.run(login_command([self.command, *args]), timeout=120)  # no format of ours: its own facts
         if done.returncode != 0:
             raise ClusterctlError(self._failure(args, done), _code(done.returncode))

@@ -48,12 +48,11 @@ def login_of(job: Job, remote: str | None, backend: str | None) -> tuple[str, st
     return host, (str(login.clusterctl) if login else None), (login.transport if login else "auto")
 
 
-def remote_suspects(remote: Remote, root: str, job: Job, now: float) -> dict[str, Suspect]:
-    """The login node's suspect nodes (its runs root), active by this job's site's window."""
+def remote_suspects(rows: object, job: Job, now: float) -> dict[str, Suspect]:
+    """The login node's suspect nodes (`clusterctl suspects --json --all` rows), active by this job's site's window."""
     window_s = job.site.reliability.suspect_hours * 3600
     if window_s <= 0:
         return {}
-    rows = remote.json(["suspects", "--runs-root", root, "--all", "--json"])
     found = {}
     for row in rows if isinstance(rows, list) else []:
         if row.get("state") != "cleared" and float(row.get("time", 0)) + window_s > now:
@@ -74,7 +73,8 @@ def submit_remote(job: Job, remote: str, command: str | None, transport: str, ba
             raise ConfigError("job spec", [Problem(field, raw_root, f"a variable in it is not set on {link.host}; write the path out")])
         if code_on_cluster and link.transport.run(shlex.join(["test", "-d", code_on_cluster])).returncode != 0:
             raise ClusterctlError(f"--code-on-cluster {code_on_cluster}: no such directory on {link.host}", ExitCode.USAGE)
-        job, choice = avoid_suspects(job, found=remote_suspects(link, root, job, time.time()))
+        rows = (link.facts.get("suspects") or {}).get(raw_root, [])
+        job, choice = avoid_suspects(job, found=remote_suspects(rows, job, time.time()))
         run_id = rundir.new_run_id(job.spec.name)
         final = PurePosixPath(root) / run_id
         workdir = code_on_cluster or str(final / rundir.CODE_TREE)
