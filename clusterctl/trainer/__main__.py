@@ -40,7 +40,7 @@ def config_from(argv: list[str] | None = None) -> TrainConfig:
             parser.add_argument(flag, action="store_true", default=default)
         elif f.name == "target_loss":
             parser.add_argument(flag, type=float, default=default)
-        elif f.name in ("checkpoint_dir", "out_dir"):
+        elif f.name in ("checkpoint_dir", "out_dir", "data_dir"):
             parser.add_argument(flag, type=str, default=default)
         elif f.name == "checkpoint_interval":
             parser.add_argument(flag, type=int, default=default)

@@ -8,6 +8,12 @@ downloads, and the sample ids a rank consumed say exactly what it saw.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
 import torch
 
 HELD_OUT_BASE = 1 << 40  # validation sample ids live far from the training ids
@@ -53,3 +59,71 @@ class Regression:
         x = torch.stack(xs)
         y = torch.tanh(x @ self.w1) @ self.w2
         return x, y
+
+
+class TokenShards:
+    """A file-backed token dataset: samples of seq_len + 1 tokens in memory-mapped shard files.
+
+    The data path a real run has (files on a shared filesystem, read through the page cache), with
+    content a model can learn: the shards hold MarkovTokens samples, written once by one rank
+    (`write`) and read by all; held-out ids still come from the generator. `manifest.json` names the
+    dataset (generator, seed, sizes, each shard's sha256), which the run record keeps.
+    """
+
+    SHARD_SAMPLES = 1024
+    MANIFEST = "manifest.json"
+
+    def __init__(self, directory: str | os.PathLike[str], source: MarkovTokens) -> None:
+        import numpy as np
+
+        self.directory, self.source = Path(directory), source
+        self.manifest = json.loads((self.directory / self.MANIFEST).read_text())
+        if (self.manifest["vocab"], self.manifest["seq_len"]) != (source.vocab, source.seq_len):
+            raise ValueError(f"{self.directory} holds vocab {self.manifest['vocab']}, seq_len {self.manifest['seq_len']};"
+                             f" the run asks for {source.vocab}, {source.seq_len}")
+        self.samples = int(self.manifest["samples"])
+        width = source.seq_len + 1
+        self.shards = [np.memmap(self.directory / s["file"], dtype=np.int32, mode="r", shape=(s["samples"], width))
+                       for s in self.manifest["shards"]]
+        self.read_s = 0.0  # time spent reading samples: the input wait
+
+    @classmethod
+    def write(cls, directory: str | os.PathLike[str], source: MarkovTokens, samples: int) -> None:
+        """Generate the shards into a temporary sibling and rename it into place (readers never see half)."""
+        import numpy as np
+
+        final = Path(directory)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        tmp.mkdir(parents=True)
+        shards = []
+        for first in range(0, samples, cls.SHARD_SAMPLES):
+            count = min(cls.SHARD_SAMPLES, samples - first)
+            rows = torch.stack([source.sample(first + i) for i in range(count)]).to(torch.int32).numpy()
+            name = f"shard-{first // cls.SHARD_SAMPLES:05d}.bin"
+            rows.astype(np.int32).tofile(tmp / name)
+            shards.append({"file": name, "samples": count, "sha256": hashlib.sha256((tmp / name).read_bytes()).hexdigest()})
+        manifest = {"kind": "token shards (clusterctl.trainer.data.TokenShards)", "generator": "MarkovTokens",
+                    "seed": source.seed, "vocab": source.vocab, "seq_len": source.seq_len, "samples": samples,
+                    "dtype": "int32", "shards": shards}
+        (tmp / cls.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        os.rename(tmp, final)
+
+    def drop_cache(self) -> None:
+        """Ask the kernel to forget the shards' pages, so the first epoch reads cold."""
+        for shard in self.manifest["shards"]:
+            fd = os.open(self.directory / shard["file"], os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+    def batch(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        import numpy as np
+
+        if ids and ids[0] >= HELD_OUT_BASE:
+            return self.source.batch(ids)
+        began = time.perf_counter()
+        rows = [self.shards[i // self.SHARD_SAMPLES][i % self.SHARD_SAMPLES] for i in ids]
+        tensor = torch.from_numpy(np.stack(rows).astype(np.int64))
+        self.read_s += time.perf_counter() - began
+        return tensor[:, :-1], tensor[:, 1:]

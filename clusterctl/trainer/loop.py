@@ -23,7 +23,7 @@ from clusterctl import envnames, rundir
 from clusterctl.trainer import busy
 from clusterctl.runtime.computeclock import compute_clock
 from clusterctl.trainer.contract import Contract
-from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression
+from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression, TokenShards
 from clusterctl.trainer.models import MLP, TinyGPT
 from clusterctl.trainer.sampler import DistributedSampler
 
@@ -54,6 +54,9 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # default: the job's checkpoint.dir, or <run>/checkpoints
     checkpoint_interval: int | None = None  # default: the job's checkpoint.interval
     step_compute_s: float = 0.0  # extra busy compute per step (seconds of wall time, calibrated at start-up)
+    data_dir: str | None = None  # read samples from memory-mapped token shards here (written once if missing)
+    data_samples: int = 4096  # samples in those shards: an epoch is data_samples // dp samples per rank
+    data_cold: bool = False  # drop the shards from the page cache first: the first epoch reads cold
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -84,7 +87,21 @@ def build(config: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, A
     if config.model == "mlp":
         return MLP(config.hidden, 4 * config.hidden, config.layers).to(device), Regression(config.hidden, config.seed)
     model = TinyGPT(config.vocab, config.seq_len, config.layers, config.hidden, config.heads, config.ffn).to(device)
-    return model, MarkovTokens(config.vocab, config.seq_len, config.seed)
+    source = MarkovTokens(config.vocab, config.seq_len, config.seed)
+    if not config.data_dir:
+        return model, source
+    directory = Path(config.data_dir)
+    if dist.get_rank() == 0 and not (directory / TokenShards.MANIFEST).exists():
+        TokenShards.write(directory, source, config.data_samples)
+    dist.barrier()
+    shards = TokenShards(directory, source)
+    if config.data_cold:
+        shards.drop_cache()
+    return model, shards
+
+
+def dataset_size(config: TrainConfig) -> int:
+    return config.data_samples if config.data_dir else DATASET_SIZE
 
 
 def wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.nn.Module:
@@ -118,7 +135,11 @@ def described(config: TrainConfig, world: int, device: torch.device) -> dict[str
     else:
         dataset = {"kind": "synthetic Markov token chains (clusterctl.trainer.data.MarkovTokens)",
                    "vocab": config.vocab, "seq_len": config.seq_len}
-    dataset.update(size=DATASET_SIZE, generator_seed=config.seed, held_out_ids_from=HELD_OUT_BASE)
+    dataset.update(size=dataset_size(config), generator_seed=config.seed, held_out_ids_from=HELD_OUT_BASE)
+    if config.data_dir and (Path(config.data_dir) / TokenShards.MANIFEST).exists():
+        manifest = json.loads((Path(config.data_dir) / TokenShards.MANIFEST).read_text())
+        dataset.update(kind=manifest["kind"], directory=config.data_dir,
+                       shards={s["file"]: s["sha256"] for s in manifest["shards"]})
     return {
         "training": {
             "trainer": {"name": "clusterctl.trainer", "config": settings},
@@ -193,7 +214,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     model, data = build(config, device)
     model = wrap(model, config, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    sampler = DistributedSampler(DATASET_SIZE, rank, world, seed=config.seed)
+    sampler = DistributedSampler(dataset_size(config), rank, world, seed=config.seed)
     contract = Contract(
         model, optimizer, sampler=sampler, directory=config.checkpoint_dir, interval=config.checkpoint_interval
     )
@@ -217,6 +238,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 f" (calibrated {busy_rate:.1f} units/s, the mean over ranks)",
                 flush=True,
             )
+    read_before = 0.0  # the dataset's reading time so far (file-backed data): each step's input wait is the change
     for step in range(start, config.steps):
         t0 = time.perf_counter()
         c0 = compute_time()
@@ -254,6 +276,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
         if samples is not None:
             samples.write(json.dumps({"step": step, "ids": used}) + "\n")
             samples.flush()
+        if config.data_dir:
+            data_s, read_before = data.read_s - read_before, data.read_s
         record: dict[str, Any] = {
             "step": step,
             "loss": mean_loss,
@@ -265,6 +289,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
             "train_s": round(train_s, 6),
             "total_steps": config.steps,
         }
+        if config.data_dir:
+            record.update(data_s=round(data_s, 6), epoch=sampler.state.epoch)
         if config.eval_interval and (step + 1) % config.eval_interval == 0:
             hb.phase("eval", step)
             record["val_loss"] = evaluate(model, data, config, rank, world, device)
