@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,report]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,report,submitit]'
 	# torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet --disable-pip-version-check 'torch==2.13.0' numpy
 	# Megatron-Core serves as the reference for rank groups (tests only).

@@ -23,6 +23,8 @@
         record.json            the run record's node-side part: what rank 0 of the trainer resumed from, seeds, data
         logs/                  per-node logs (node-<slot>.log), lines prefixed by rank
       checkpoints/
+      submitit/                a function submitted through the submitit executor: submitted.pkl (its
+                               checkpoint after a pre-timeout stop), rank-<R>.result.pkl (value or traceback)
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ CANCEL = "cancel.json"
 BATCH_LOG = "slurm-{job}.out"  # one per job of the run: the batch script's own lines (sbatch --output)
 METRICS = "metrics.jsonl"  # per-step records of rank 0: step, loss, step time, tokens/s, validation
 RECORD = "record.json"  # the run record's node-side part, per attempt (runrecord.py assembles the rest)
+SUBMITIT = "submitit"  # the submitit executor's pickles (integrations/submitit/paths.py names them)
 
 
 # attempts.jsonl events. The batch script writes start, end and signal; runtime/nextattempt.py

@@ -1,0 +1,1 @@
+"""Bridges that let other Python tools submit clusterctl runs (the submitit executor)."""
