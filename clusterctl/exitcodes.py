@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     BUG = 1
     USAGE = 2
     DRILL_MISSED = 3
+    QUALIFY_FAILED = 4
     BAD_CONFIG = 65
     BACKEND_UNAVAILABLE = 69
     RENDEZVOUS_FAILED = 80
@@ -36,6 +37,7 @@ DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.BUG: ("unexpected error (a bug: message + where to report)", "no"),
     ExitCode.USAGE: ("command-line usage", "no"),
     ExitCode.DRILL_MISSED: ("a drill's fault was not detected, or the wrong rank was blamed", "no"),
+    ExitCode.QUALIFY_FAILED: ("a rung of clusterctl qualify failed (report.json says which and why)", "no"),
     ExitCode.BAD_CONFIG: ("bad spec or site config", "no"),
     ExitCode.BACKEND_UNAVAILABLE: (
         "backend unavailable (no sbatch, controller unreachable, SSH down)",

@@ -181,6 +181,15 @@ class Login(Section):
     )
 
 
+class Expected(Section):
+    """What the admin expects of the hardware: `clusterctl qualify` judges its measurements against it."""
+
+    busbw_gbs: dict[str, float] = Field(
+        default_factory=dict, description="all-reduce bus bandwidth per group kind (world, tp, dp, ...), GB/s, at least"
+    )
+    tokens_per_s_per_gpu: float | None = Field(None, gt=0, description="training throughput per GPU, at least")
+
+
 class Site(Section):
     """A cluster as its admin describes it."""
 
@@ -206,6 +215,7 @@ class Site(Section):
         "gpus-per-node", description="how GPUs are requested from Slurm"
     )
     login: Login | None = Field(None, description="the login node a laptop submits through (clusterctl ... --remote)")
+    expected: Expected = Field(default_factory=Expected, description="expected figures clusterctl qualify judges against")
 
     @property
     def default_partition(self) -> str:

@@ -369,6 +369,25 @@ def _command(value: Any) -> Any:
 # --- the spec ----------------------------------------------------------------
 
 
+class Qualify(Section):
+    """`clusterctl qualify`: the ladder's test definition and pass criteria (each rung states its criterion)."""
+
+    steps: PositiveInt = Field(60, description="steps of each short rung's run")
+    eval_interval: PositiveInt = Field(10, description="steps between validation losses")
+    target_loss: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="quality target (validation loss); time to reach it is the headline"
+    )
+    nodes: list[PositiveInt] | None = Field(None, description="node counts of the scaling rung (default: 1, 2, 4, ... up to nodes)")
+    balance: float = Field(1.25, gt=1.0, description="one node: the slowest rank's median step time over the fastest's, at most")
+    efficiency: float = Field(0.7, gt=0, le=1.0, description="scaling efficiency (speedup / nodes), at least")
+    data_samples: PositiveInt = Field(1024, description="samples in the data rung's token shards (an epoch)")
+    long_s: PositiveInt = Field(60, description="seconds of steady training in the long rung")
+    loss_tolerance: float = Field(
+        0.0, ge=0, description="restart rung: |resumed loss - baseline| allowed per step; 0 is bit for bit"
+    )
+    recovery_s: Seconds = Field(180, description="failure rung: a killed rank's run must train again within this")
+
+
 class JobSpec(Section):
     """A training job: what to run, how it is split, and where."""
 
@@ -427,6 +446,7 @@ class JobSpec(Section):
     runs_root: PlainPath | None = Field(
         None, description="where run directories go (default: the site's); ~ and $VARIABLES are expanded"
     )
+    qualify: Qualify = Field(default_factory=Qualify, description="clusterctl qualify: test definition and criteria")
 
 
 

@@ -8,6 +8,7 @@ from clusterctl.cli import (
     drill_cmd,
     logs_cmd,
     plan_cmd,
+    qualify_cmd,
     record_cmd,
     render_cmd,
     report_cmd,
@@ -32,6 +33,7 @@ trace_cmd.register(app)
 record_cmd.register(app)
 checkpoints_cmd.register(app)
 drill_cmd.register(app)
+qualify_cmd.register(app)
 run_cmds.register(app)
 suspects_cmd.register(app)
 schema_cmd.register(app)
