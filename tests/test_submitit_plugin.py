@@ -30,6 +30,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit import ClusterctlExecutor, ClusterctlJob, ClusterctlJobEnvironment
 from clusterctl.integrations.submitit.executor import COMMAND, lead_for, submitit_state
+from clusterctl.integrations.submitit.paths import RunPaths
 from clusterctl.integrations.submitit.stop import decide
 from helpers import cli
 
@@ -45,8 +46,12 @@ def whoami(x: int) -> dict[str, Any]:
 
 
 def refuse_on_rank_1() -> str:
-    if submitit.JobEnvironment().global_rank == 1:
-        time.sleep(1.0)  # rank 0 has returned by then: srun ends the others once a rank fails
+    env = submitit.JobEnvironment()
+    if env.global_rank == 1:
+        # srun ends the other ranks once one fails: let rank 0 return first.
+        deadline = time.monotonic() + 30
+        while not RunPaths(env.run_dir, 0).result_pickle.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         raise ValueError("rank 1 refuses")
     return "fine"
 
@@ -203,7 +208,8 @@ def test_cancel_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(ClusterctlJob, "_results_timeout_s", 0)
     job = ClusterctlExecutor(tmp_path / "f").submit(time.sleep, 600)
     job.cancel()
-    assert job.done() and job.state == "CANCELLED"
+    job.wait()  # the batch script may still be on its way out
+    assert job.state == "CANCELLED"
     error = job.exception()
     assert isinstance(error, UncompletedJobError) and "cancelled" in str(error)
 
