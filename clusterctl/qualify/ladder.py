@@ -74,8 +74,8 @@ def qualify(spec: Path, site: str | None, backend: str | None, out: Path, up_to:
     results: list[Rung] = []
     report = _report(job, d, results, ctx, began, stopped=None, complete=False)
     for name in RUNGS[: last + 1]:
-        if name == "report":
-            break
+        if name == "report":  # the last rung: written below, once the others have run
+            continue
         show(f"rung {name}")
         try:
             rung = scaling(ctx, counts) if name == "scaling" else SHORT[name](ctx)
