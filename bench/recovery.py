@@ -58,7 +58,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from clusterctl.rundir import read_json as load_json
+from clusterctl import rankmanifest
+from clusterctl.rundir import MANIFEST, read_json as load_json
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
@@ -158,7 +159,7 @@ class Watcher(threading.Thread):
 
 def rank_timings(attempt: Path) -> dict[str, float]:
     """From the attempt's manifest: the first rank's start and the last rank's torch import."""
-    ranks = (load_json(attempt / "manifest.json") or {}).get("ranks") or []
+    ranks = list(rankmanifest.iter_ranks(attempt / MANIFEST))
     timings = [r.get("timings") or {} for r in ranks if isinstance(r, dict)]
     out: dict[str, float] = {}
     started = [t["started"] for t in timings if isinstance(t.get("started"), (int, float))]

@@ -210,8 +210,10 @@ def run_clusterctl(n: int, work: Path) -> dict[str, float]:
     wait_all(procs)
     controller.terminate()
     controller.wait(30)
-    manifest = json.loads((attempt / "manifest.json").read_text())
-    imported = {r["rank"]: r["timings"]["torch_imported"] for r in manifest["ranks"]}
+    from clusterctl import rankmanifest
+    from clusterctl.rundir import MANIFEST
+
+    imported = {r["rank"]: r["timings"]["torch_imported"] for r in rankmanifest.iter_ranks(attempt / MANIFEST)}
     return collect(out, n, t0, imported)
 
 

@@ -144,7 +144,7 @@ def managed(argv: list[str]) -> int:
         )
         return int(ExitCode.RENDEZVOUS_FAILED)
     rendezvous.register(store, info.rank, record)
-    verdict = rendezvous.await_verdict(store, timeout_s)
+    verdict = rendezvous.await_verdict(store, timeout_s, info.world_size)
     if not verdict["ok"]:
         if info.rank == 0:
             print(f"clusterctl: {verdict['message']}", file=sys.stderr)

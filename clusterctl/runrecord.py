@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from clusterctl import hostlist, rundir
+from clusterctl import hostlist, rankmanifest, rundir
 from clusterctl.cpulist import format_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -49,7 +49,7 @@ def load(run: RunDir, attempt: int | None = None) -> dict[str, Any]:
     site = _yaml(run.path / rundir.SITE)
     adir = run.attempt(attempt) if attempt is not None else None
     node = _read(adir, rundir.RECORD)
-    manifest = _read(adir, rundir.MANIFEST)
+    manifest = rankmanifest.read(adir / rundir.MANIFEST) if adir is not None else None
     attempt_json = _read(adir, rundir.ATTEMPT_JSON)
     no_node_record = _why_no_node_record(run, attempt, node is not None)
     record = {

@@ -35,7 +35,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from clusterctl import rundir
+from clusterctl import rankmanifest, rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, read_json
@@ -206,7 +206,7 @@ class Trace:
         loaded: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
         for number in chosen:
             directory = run.attempt(number)
-            loaded.append((number, read_json(directory / rundir.ATTEMPT_JSON) or {}, read_json(directory / rundir.MANIFEST) or {}))
+            loaded.append((number, read_json(directory / rundir.ATTEMPT_JSON) or {}, rankmanifest.read(directory / rundir.MANIFEST) or {}))
         widest = max([len(info.get("hosts") or []) for _, info, _ in loaded] + [1])
         self.stride = max(MIN_STRIDE, 10 ** len(str(widest)))
         self.attempts: list[_Attempt] = []

@@ -19,6 +19,7 @@ import pytest
 
 torch_distributed = pytest.importorskip("torch.distributed")
 
+from clusterctl import rankmanifest  # noqa: E402
 from clusterctl.exitcodes import ExitCode  # noqa: E402
 from clusterctl.runtime import registry, rendezvous  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
@@ -108,9 +109,17 @@ def rank_record(rank: int, **changes: object) -> dict:
 def stand_in(ctl: Controller, rank: int, record: dict, results: dict, *, fail: str | None = None) -> None:
     store = rendezvous.connect(ctl.info(rank), 20)
     rendezvous.register(store, rank, record)
-    results[(rank, record["pid"])] = rendezvous.await_verdict(store, 20)
+    results[(rank, record["pid"])] = rendezvous.await_verdict(store, 20, 4)
     if fail:
         rendezvous.report_error(store, rank, fail)
+
+
+def wait_for_manifest(attempt: Path) -> dict:
+    deadline = time.monotonic() + 30
+    while (manifest := rankmanifest.read(attempt / "manifest.json")) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return manifest
 
 
 def run_ranks(ctl: Controller, plans: list[tuple[int, dict, str | None]]) -> dict:
@@ -127,7 +136,7 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
     ctl = Controller(make_run(tmp_path))
     results = run_ranks(ctl, [(r, rank_record(r), "Traceback: boom on rank 3" if r == 3 else None) for r in range(4)])
     assert len(results) == 4 and all(v["ok"] for v in results.values())
-    manifest = json.loads((ctl.attempt / "manifest.json").read_text())
+    manifest = wait_for_manifest(ctl.attempt)  # written just after the verdict is published
     assert [r["rank"] for r in manifest["ranks"]] == [0, 1, 2, 3]
     assert [r["host"] for r in manifest["ranks"]] == ["n1", "n1", "n2", "n2"]
     assert manifest["ranks"][3]["groups"]["tp"] == 1 and manifest["groups"]["dp"] == [[0, 2], [1, 3]]
@@ -169,7 +178,7 @@ def test_every_registration_check_at_once(tmp_path: Path) -> None:
         thread.start()
         threads.append(thread)
         deadline = time.monotonic() + 30
-        while int(probe.add(registry.claim_key(rank), 0)) < claims:
+        while probe.check([registry.reg_key(rank)]) + int(probe.add(registry.claim_key(rank), 0)) < claims:
             assert time.monotonic() < deadline
             time.sleep(0.05)
 

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import BACKEND_SITES
 
+from clusterctl import rankmanifest, rundir
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.job import load_job
@@ -75,7 +76,7 @@ def test_healthy_job_runs(backend: str, tmp_path: Path) -> None:
     info, verdict, log, events, run = run_job(backend, tmp_path, None)
     assert events[-1]["exit"] == 0, log
     assert verdict["ok"] and "all 4 ranks registered" in log
-    manifest = json.loads((run.attempt(1) / "manifest.json").read_text())
+    manifest = rankmanifest.read(run.attempt(1) / rundir.MANIFEST)
     assert [r["host"] for r in manifest["ranks"]] == [h for h in hosts(run) for _ in (0, 1)]
     assert all(r["versions"]["torch"] for r in manifest["ranks"])
 

@@ -3,12 +3,12 @@ signals to the batch shell behave like on a real site."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
+from clusterctl import rankmanifest, rundir
 from clusterctl.job import load_job
 from clusterctl.spec import DEFAULT_PREFLIGHT
 from clusterctl.submit import submit_job
@@ -147,7 +147,7 @@ def test_default_preflight_passes_the_nic_check_on_the_lab(
     result = wait_job(slurm_lab, done.job_id, timeout=90)
     log = (done.run.path / f"slurm-{done.job_id}.out").read_text()
     assert (result.state, result.exit_code) == ("COMPLETED", 0), log
-    manifest = json.loads((done.run.attempt(1) / "manifest.json").read_text())
+    manifest = rankmanifest.read(done.run.attempt(1) / rundir.MANIFEST)
     assert len(manifest["ranks"]) == 4
     for rank in manifest["ranks"]:
         checks = {c["name"]: c for c in rank["preflight"]}

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from clusterctl import rundir
+from clusterctl import rankmanifest, rundir
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cpulist import format_cpulist
@@ -146,7 +146,7 @@ def wait_for_attempt(run: RunDir, backend: str, timeout: float, show: Callable[[
             for e in events if (_int(e.get("attempt")) or 0) >= n
         )
         if n and end is None and not stopped:
-            manifest = load_json(run.attempt(n) / rundir.MANIFEST)
+            manifest = rankmanifest.read(run.attempt(n) / rundir.MANIFEST)
             if manifest is not None:
                 return Attempt(n, run.attempt(n), info, manifest)
             line = f"attempt {n}: waiting for the ranks to register ({elapsed:.0f} s)"

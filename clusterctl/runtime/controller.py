@@ -17,12 +17,22 @@ another run sharing the directory never loses its marker. Attempts of one
 run never overlap (a restart, a requeue and a continuation each start after
 the previous step or job ended), so an earlier attempt's marker has no reader.
 
+At scale (bench/controller_scale.py: 100,000 ranks): it raises its
+open-file soft limit to the hard limit before anything else and refuses at
+once, with a verdict naming the numbers, when even the hard limit cannot
+hold a connection per rank (runtime/filelimit.py); it listens with the
+largest backlog the kernel allows; it reads registrations in bounded
+requests (runtime/collect.py), decodes only each one's short summary line,
+publishes the verdict, and only then writes manifest.json from the rows the
+ranks stored (clusterctl/rankmanifest.py).
+
     python -m clusterctl.runtime.controller --attempt-dir DIR --port PORT
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -31,15 +41,16 @@ import socket
 import sys
 import threading
 import time
+from array import array
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from clusterctl import envnames, rundir
+from clusterctl import envnames, rankmanifest, rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.rundir import write_json_atomic
-from clusterctl.runtime import registry, stacks
+from clusterctl.runtime import collect, filelimit, registry, stacks
 from clusterctl.runtime.blame import parse_srun_lines, stopped_on_request
 from clusterctl.runtime.watchdog import Settings, Watchdog
 from clusterctl.runtime.watchserver import WatchServer
@@ -49,10 +60,25 @@ READY = "controller.json"
 POLL_S = 0.02
 SRUN_LOG_SETTLE_S = 2.0  # srun's last lines reach srun.log through tee, a moment after srun itself ended
 BIND_TRIES = 64
-BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+BACKLOG_FALLBACK = 65535  # when somaxconn cannot be read: the kernel caps listen()'s backlog at it anyway
 MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
 # Lines a rank's log gets when Slurm stops it because another rank failed: not its own error.
 COLLATERAL = re.compile(r"slurmstepd|CANCELLED AT|Terminated|Killed|srun: ")
+
+
+def listen_backlog() -> int:
+    """The largest listen backlog the kernel allows (net.core.somaxconn).
+
+    At 16,384 ranks a 4,096 backlog overflowed thousands of times and each
+    dropped connect was retried 1-3 s later. torch's store listens again
+    with its own 16,384 once it starts; the kernel caps both at somaxconn,
+    which only the admin can raise (see the README).
+    """
+    try:
+        return max(1, min(int(SOMAXCONN.read_text()), 2**31 - 1))
+    except (OSError, ValueError):
+        return BACKLOG_FALLBACK
 
 
 def log(message: str) -> None:
@@ -87,7 +113,7 @@ def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "
                 if family == socket.AF_INET6:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
                 sock.bind(("", candidate))
-                sock.listen(BACKLOG)
+                sock.listen(listen_backlog())
                 return sock, candidate
             except OSError as exc:
                 sock.close()
@@ -134,11 +160,14 @@ class Controller:
         self.store = None
         self.stop_requested = False
         self.marker: str | None = None
-        self.records: dict[int, dict] = {}
+        self.records: dict[int, dict] = {}  # rank -> the judged summary of its registration
         self.watch: WatchServer | None = None
+        self.refused: registry.Verdict | None = None
+        self.file_limit: filelimit.FileLimit | None = None
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
+        self.check_file_limit()
         family = self.run["rendezvous"].get("address_family", "ipv4")
         listener, port = reserve_port(self.first_port, self.port_range, family)
         checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
@@ -164,13 +193,24 @@ class Controller:
         log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
         return port
 
+    def check_file_limit(self) -> None:
+        """Raise the soft open-file limit to the hard one; refuse at once when even that is too small."""
+        limit = filelimit.raise_to_hard(filelimit.needed_files(self.world, len(self.hosts)))
+        self.file_limit = limit
+        if limit.soft != limit.soft_before:
+            log(f"open-file limit raised from {limit.soft_before} to {limit.soft} ({limit.needed} needed)")
+        if not limit.enough:
+            self.refused = filelimit.refusal(limit, self.world, len(self.hosts), os.environ.get("SLURMD_NODENAME", ""))
+            write_json_atomic(self.attempt_dir / rundir.VERDICT, self.refused.as_dict())
+            log(self.refused.message)
+
     def start_watch(self, family: socket.AddressFamily) -> WatchServer:
         """The heartbeat path's end: a port of its own (any free one) for the node aggregators."""
         sock = socket.socket(family, socket.SOCK_STREAM)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(("", 0))
-        sock.listen(BACKLOG)
+        sock.listen(listen_backlog())
         watchdog = Watchdog(self.world, self.hosts, self.gpn, Settings.from_run(self.run))
         server = WatchServer(sock, self.token, watchdog, self.attempt_dir / rundir.TIMELINE, self.on_finding, log)
         server.start()
@@ -227,20 +267,26 @@ class Controller:
     def _listed(self, key: str) -> list[str]:
         return registry.parse_list(self.store.get(key)) if self.store.check([key]) else []
 
-    def collect(self, arrived: int) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
-        """Registrations (one multi_get when everyone arrived), duplicates and early errors."""
+    def collect(self) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
+        """Registrations (their summaries), duplicates and early errors.
+
+        Bounded requests (runtime/collect.py): linear, and never the
+        >131,072-key request the store refuses. Only each registration's
+        summary is kept: the full records stay in the store until the
+        manifest is written (at 100,000 ranks, ~180 MB not held twice).
+        """
         store = self.store
         keys = [registry.reg_key(r) for r in range(self.world)]
-        if arrived >= self.world:  # only first claimants count as arrived
-            records = {r: json.loads(v) for r, v in enumerate(store.multi_get(keys))}
-        else:
-            records = {r: json.loads(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+        records: dict[int, dict] = {}
+        seen: dict[Any, Any] = {}
+        for r, raw in collect.iter_present(store, keys):
+            records[r] = registry.share_values(registry.decode_registration(raw)[0], seen)
         duplicates: dict[int, list[dict]] = {}
         for item in self._listed(registry.DUPLICATES):
             rank, claim = (int(x) for x in item.split(":"))
             key = registry.reg_key(rank, claim)
             if store.check([key]):
-                duplicates.setdefault(rank, []).append(json.loads(store.get(key)))
+                duplicates.setdefault(rank, []).append(registry.decode_registration(store.get(key))[0])
         errors = {
             int(r): store.get(registry.error_key(int(r))).decode(errors="replace")
             for r in self._listed(registry.ERRORED)
@@ -267,55 +313,99 @@ class Controller:
         return found
 
     def rendezvous(self) -> registry.Verdict:
+        if self.refused is not None:  # the file limit cannot hold the job: tell the ranks that reach the store
+            self.store.set(registry.VERDICT, json.dumps(self.refused.as_dict()))
+            return self.refused
         arrived = self.wait_for_ranks()
-        records, duplicates, errors = self.collect(arrived)
-        missing = [r for r in range(self.world) if r not in records]
-        verdict = registry.judge(
-            records,
-            duplicates,
-            world_size=self.world,
-            hosts=self.hosts,
-            gpus_per_node=self.gpn,
-            token=self.token,
-            errors=errors,
-            log_errors=self.node_log_errors(missing) if missing else {},
-        )
-        self.records = records
-        self.write_manifest(records)
-        self.store.set(registry.VERDICT, json.dumps(verdict.as_dict()))
-        write_json_atomic(self.attempt_dir / rundir.VERDICT, verdict.as_dict())
+        started, cpu = time.perf_counter(), time.process_time()
+        gc.disable()  # ~100,000 small dicts: the collector's passes were half the decoding time
+        try:
+            records, duplicates, errors = self.collect()
+            collected = time.perf_counter()
+            missing = [r for r in range(self.world) if r not in records]
+            verdict = registry.judge(
+                records,
+                duplicates,
+                world_size=self.world,
+                hosts=self.hosts,
+                gpus_per_node=self.gpn,
+                token=self.token,
+                errors=errors,
+                log_errors=self.node_log_errors(missing) if missing else {},
+            )
+            judged = time.perf_counter()
+            self.records = records
+            self.store.set(registry.VERDICT, json.dumps(verdict.as_dict()))
+            published = time.perf_counter()
+            if verdict.ok and self.watch is not None:
+                self.watch.arm()
+            try:
+                self.write_manifest(records)
+            except (OSError, RuntimeError) as exc:  # the verdict is out: a record lost must not lose verdict.json too
+                log(f"cannot write {rundir.MANIFEST}: {exc}")
+            written = time.perf_counter()
+            write_json_atomic(self.attempt_dir / rundir.VERDICT, verdict.as_dict())
+        finally:
+            gc.enable()
+            gc.freeze()  # what stays (the summaries) is never garbage: later collections skip it
         log(verdict.message)
-        if verdict.ok and self.watch is not None:
-            self.watch.arm()
+        timings = {
+            "ranks": self.world,
+            "arrived": arrived,
+            "collect_s": round(collected - started, 4),
+            "judge_s": round(judged - collected, 4),
+            "verdict_s": round(published - started, 4),
+            "manifest_s": round(written - published, 4),
+            "cpu_s": round(time.process_time() - cpu, 4),
+        }
+        log(f"rendezvous timings {json.dumps(timings)}")
         return verdict
 
     def write_manifest(self, records: dict[int, dict]) -> None:
+        """manifest.json, one rank per line (clusterctl/rankmanifest.py): each judged rank's stored record plus its groups.
+
+        The records are read again from the store, a chunk at a time, for
+        the ranks that were judged (a rank that arrives later is not in it).
+        """
         par = self.run["parallel"]
         layout = RankLayout(tp=par["tp"], cp=par["cp"], dp=par["dp"], pp=par["pp"], ep=par["ep"])
-        index: dict[str, list[int]] = {}
+        lists = self.world <= MANIFEST_GROUP_LISTS_UP_TO  # beyond, the rows' indices say it all
         groups: dict[str, list[list[int]]] = {}
+        columns = []
         for kind in GROUP_KINDS:
             kind_groups = layout.groups(kind)
-            slot = [0] * self.world
+            slot = array("q", bytes(8 * self.world))  # 8 bytes a rank, where a list of ints took ~36
             for g, members in enumerate(kind_groups):
                 for r in members:
                     slot[r] = g
-            index[kind] = slot
-            groups[kind] = kind_groups
-        ranks = []
-        for r in range(self.world):
-            rec = dict(records.get(r, {"rank": r, "missing": True}))
-            rec["groups"] = {kind: index[kind][r] for kind in GROUP_KINDS}
-            ranks.append(rec)
-        manifest: dict[str, Any] = {
+            columns.append(slot)
+            if lists:
+                groups[kind] = kind_groups
+            del kind_groups
+        header: dict[str, Any] = {
             "attempt": int(os.environ.get(envnames.ATTEMPT, "0") or 0),
             "world_size": self.world,
             "hosts": self.hosts,
-            "ranks": ranks,
         }
-        if self.world <= MANIFEST_GROUP_LISTS_UP_TO:
-            manifest["groups"] = groups
-        write_json_atomic(self.attempt_dir / rundir.MANIFEST, manifest)
+        if lists:
+            header["groups"] = groups
+        template = ('"groups":{' + ",".join(f'"{kind}":%d' for kind in GROUP_KINDS) + "}}").encode()
+
+        def rows() -> Iterator[bytes]:
+            for start in range(0, self.world, collect.CHUNK):
+                ranks = range(start, min(self.world, start + collect.CHUNK))
+                judged = [r for r in ranks if r in records]
+                stored = self.store.multi_get([registry.reg_key(r) for r in judged]) if judged else []
+                fulls = dict(zip(judged, map(registry.full_record, stored)))
+                for r in ranks:
+                    tail = template % tuple(column[r] for column in columns)
+                    full = fulls.get(r)
+                    if full is None:
+                        yield b'{"rank":%d,"missing":true,' % r + tail
+                    else:
+                        yield b"".join((full[:-1], b"," if len(full) > 2 else b"", tail))
+
+        rankmanifest.write(self.attempt_dir / rundir.MANIFEST, header, rows())
 
     def request_stop(self) -> None:
         """The batch shell trapped the pre-timeout signal or a preemption: ask the ranks to save and stop."""
