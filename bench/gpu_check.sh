@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The prepared GPU check: what only a real GPU can show, in a few minutes on one GPU.
+#
+#   bench/gpu_check.sh            # writes under $OUT (or a temporary directory); last line: one JSON object
+#
+# 1. `clusterctl site import --probe` on this machine (nvidia-smi and sysfs), written as a site whose one
+#    node is this machine under the local backend (node1, rendezvous on lo);
+# 2. a job on that site with the reference trainer on NCCL in bf16, asynchronous checkpoints (staged in
+#    pinned memory), the default preflight (its gpu check reads NVML) and the aggregators' NVML sampling;
+#    checked: the verdict, the torch/CUDA/NCCL versions the ranks registered, bf16 autocast in the run
+#    record, a committed checkpoint, GPU samples in the timeline;
+# 3. `clusterctl qualify --up-to node` on the same site (the worker and node rungs).
+# Without an NVIDIA GPU it says so and exits 0. Every step's output is kept under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[[ -x $PY ]] || PY=python3
+OUT=${OUT:-$(mktemp -d /tmp/clusterctl-gpu-check.XXXXXX)}
+mkdir -p "$OUT"
+CLUSTERCTL=("$PY" -c 'from clusterctl.cli import main; main()')
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >"$OUT/nvidia-smi.txt" 2>&1; then
+    echo '{"gpu": false, "skipped": "no NVIDIA GPU here (nvidia-smi -L failed or is missing)"}'
+    exit 0
+fi
+GPUS=$(grep -c '^GPU ' "$OUT/nvidia-smi.txt")
+export CLUSTERCTL_LOCAL_STATE="$OUT/local-state" CLUSTERCTL_LOCAL_NODES=node1
+
+step() {  # step NAME TIMEOUT CMD...: run one step, its output in $OUT/NAME.log, its exit code in $OUT/NAME.rc
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: $*" >&2
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo $? >"$OUT/$name.rc"
+    tail -n 5 "$OUT/$name.log" >&2
+}
+
+step probe 120 "${CLUSTERCTL[@]}" site import --probe --name gpu-check --nodes node1 --partition local --interface lo --nic lo
+sed -n '/^name:/,$p' "$OUT/probe.log" >"$OUT/site.yaml"
+"$PY" - "$OUT/site.yaml" <<'EOF'
+import sys, yaml
+path = sys.argv[1]
+site = yaml.safe_load(open(path))
+site.setdefault("network", {})["addresses"] = {"node1": "127.0.0.1"}
+site["network"].pop("interface", None)
+open(path, "w").write(yaml.safe_dump(site, sort_keys=False))
+EOF
+
+cat >"$OUT/job.yaml" <<EOF
+name: gpu-check
+site: $OUT/site.yaml
+time_limit: 20m
+nodes: 1
+gpus_per_node: $GPUS
+precision: bf16
+recompute: none
+seq_len: 256
+batch: {micro: 8, grad_accum: 1}
+model: {layers: 4, hidden: 512, heads: 8, vocab: 4096, ffn: 2048}
+signal: {lead_s: 60}
+checkpoint: {interval: 50, async: true}
+runs_root: $OUT/runs
+command: [python3, -m, clusterctl.trainer, --steps, "200", --eval-interval, "50"]
+qualify: {steps: 40, long_s: 20}
+EOF
+step train 900 "${CLUSTERCTL[@]}" submit "$OUT/job.yaml" --backend local --wait
+step qualify 900 "${CLUSTERCTL[@]}" qualify "$OUT/job.yaml" -o "$OUT/qualify" --up-to node --backend local
+
+"$PY" - "$OUT" "$GPUS" <<'EOF'
+import glob, json, os, sys
+out, gpus = sys.argv[1], int(sys.argv[2])
+rc = lambda name: int(open(f"{out}/{name}.rc").read().strip() or 1)
+found = {"gpu": True, "gpus": gpus, "probe_rc": rc("probe"), "train_rc": rc("train"), "qualify_rc": rc("qualify"), "out": out}
+runs = sorted(glob.glob(f"{out}/runs/gpu-check-*"))
+if runs:
+    run = runs[-1]
+    try:
+        ranks = [json.loads(line) for line in open(f"{run}/attempt-1/manifest.json") if line.strip().startswith("{\"")]
+    except (OSError, ValueError):
+        ranks = []
+    try:
+        manifest = json.load(open(f"{run}/attempt-1/manifest.json"))
+        ranks = manifest.get("ranks", ranks)
+    except (OSError, ValueError):
+        pass
+    found["versions"] = ranks[0].get("versions") if ranks else None
+    timeline = f"{run}/attempt-1/timeline.jsonl"
+    found["nvml_samples"] = sum('"kind": "gpu"' in line for line in open(timeline)) if os.path.exists(timeline) else 0
+    found["checkpoints"] = sorted(os.path.basename(p) for p in glob.glob(f"{run}/checkpoints/step-*"))
+    metrics = f"{run}/attempt-1/metrics.jsonl"
+    if os.path.exists(metrics):
+        lines = [json.loads(line) for line in open(metrics)]
+        steady = sorted(r["step_s"] for r in lines[10:]) or [None]
+        found.update(steps=len(lines), step_s_p50=steady[len(steady) // 2], tokens_per_s=lines[-1].get("tokens_per_s"),
+                     loss_first=lines[0]["loss"], loss_last=lines[-1]["loss"])
+    record = glob.glob(f"{run}/attempt-1/record.json")
+    if record:
+        found["precision"] = json.load(open(record[0])).get("training", {}).get("precision")
+try:
+    report = json.load(open(f"{out}/qualify/report.json"))
+    found["qualify"] = {r["name"]: {"passed": r["passed"], "reason": r["reason"]} for r in report["rungs"]}
+except (OSError, ValueError):
+    found["qualify"] = None
+print(json.dumps(found, default=str))
+EOF
