@@ -12,7 +12,7 @@
 # 3. `clusterctl qualify --up-to node` on the same site (the worker and node rungs).
 # Without an NVIDIA GPU it says so and exits 0. Every step's output is kept under $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-.venv/bin/python}
 [[ -x $PY ]] || PY=python3
 OUT=${OUT:-$(mktemp -d /tmp/clusterctl-gpu-check.XXXXXX)}
@@ -75,14 +75,9 @@ runs = sorted(glob.glob(f"{out}/runs/gpu-check-*"))
 if runs:
     run = runs[-1]
     try:
-        ranks = [json.loads(line) for line in open(f"{run}/attempt-1/manifest.json") if line.strip().startswith("{\"")]
+        ranks = json.load(open(f"{run}/attempt-1/manifest.json")).get("ranks") or []
     except (OSError, ValueError):
         ranks = []
-    try:
-        manifest = json.load(open(f"{run}/attempt-1/manifest.json"))
-        ranks = manifest.get("ranks", ranks)
-    except (OSError, ValueError):
-        pass
     found["versions"] = ranks[0].get("versions") if ranks else None
     timeline = f"{run}/attempt-1/timeline.jsonl"
     found["nvml_samples"] = sum('"kind": "gpu"' in line for line in open(timeline)) if os.path.exists(timeline) else 0
