@@ -88,12 +88,7 @@ def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None)
     files = _render(job, final, standalone, run_id)
     tmp = root / f".{run_id}.tmp"
     try:
-        tmp.mkdir(parents=True)
-        _write_files(job, files, tmp, final)
-        (tmp / rundir.ATTEMPTS).touch()
-        (tmp / rundir.CHECKPOINTS).mkdir()
-        snapshot_code(tmp / rundir.CODE, job.spec_path.parent)
-        RunDir(tmp).write_state(state="rendered", run_id=run_id)
+        _populate(job, files, tmp, final, None)
         os.rename(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -102,6 +97,18 @@ def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return RunDir(final)
+
+
+def _populate(job: Job, files: dict[str, str], target: Path, final: Path, ship_from: Path | None) -> None:
+    """A new run directory's contents, written at `target` for its place `final`."""
+    target.mkdir(parents=True)
+    _write_files(job, files, target, final)
+    (target / rundir.ATTEMPTS).touch()
+    (target / rundir.CHECKPOINTS).mkdir()
+    snapshot_code(target / rundir.CODE, job.spec_path.parent)
+    if ship_from is not None:
+        ship_tree(target / rundir.CODE_TREE, ship_from)
+    RunDir(target).write_state(state="rendered", run_id=final.name)
 
 
 def stage_run(job: Job, final: Path, stage: Path, python: str, ship_from: Path | None) -> RunDir:
@@ -113,14 +120,7 @@ def stage_run(job: Job, final: Path, stage: Path, python: str, ship_from: Path |
     files = _render(job, final, False, final.name, python)
     target = stage / final.name
     try:
-        target.mkdir(parents=True)
-        _write_files(job, files, target, final)
-        (target / rundir.ATTEMPTS).touch()
-        (target / rundir.CHECKPOINTS).mkdir()
-        snapshot_code(target / rundir.CODE, job.spec_path.parent)
-        if ship_from is not None:
-            ship_tree(target / rundir.CODE_TREE, ship_from)
-        RunDir(target).write_state(state="rendered", run_id=final.name)
+        _populate(job, files, target, final, ship_from)
     except OSError as exc:
         raise ClusterctlError(f"cannot stage the run in {stage}: {exc}", ExitCode.BAD_CONFIG) from None
     return RunDir(target)
