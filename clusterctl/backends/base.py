@@ -18,9 +18,12 @@ class Submission:
 class JobInfo:
     job_id: str
     state: str  # Slurm's words: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
-    reason: str = ""
-    nodes: str = ""
-    exit_code: int | None = None
+    reason: str = ""  # "" when Slurm says None
+    nodes: str = ""  # hostlist expression; "" until nodes are allocated
+    exit_code: int | None = None  # the batch script's exit status as Slurm records it (0 until it ends)
+    exit_signal: int | None = None  # the signal that ended it, when one did
+    requeue_count: int = 0  # Slurm's Restarts: how often the job was requeued
+    batch_host: str = ""  # the node running the batch shell, where the scheduler says so
 
     @property
     def finished(self) -> bool:

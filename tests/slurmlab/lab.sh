@@ -33,7 +33,8 @@ SLURMD_TIMEOUT="${CLUSTERCTL_LAB_SLURMD_TIMEOUT:-5}"
 
 NODES=(n1 n2 n3 n4)
 GPUS_PER_NODE=4
-PACKAGES=(slurmctld slurmd slurm-client munge)
+# libslurm38: the library pyslurm (the optional query path) links; slurm-client does not pull it in.
+PACKAGES=(slurmctld slurmd slurm-client munge libslurm38)
 MARKER_NAME=".clusterctl-slurmlab"
 
 # Inherited Slurm job/client variables (for example when this runs inside a
