@@ -112,12 +112,12 @@ def test_through_a_jump_host_and_with_the_ssh_executable(laptop: dict[str, Any])
     cfg.write_text(cfg.read_text() + "\nHost viassh\n    HostName 127.0.0.1\n" + _block(cfg, "cluster") + "    ControlMaster auto\n"
                    "    ControlPath none\n")
     env = {**laptop["env"], "PATH": f"/usr/bin:/bin"}
-    done = cli(laptop, "submit", str(spec(laptop, nodes=1, command=["python3", "train.py"])), "--backend", "local", "--dry-run",
-               remote="viassh", env=env)
+    one = spec(laptop, site="local", nodes=1, command=["python3", "train.py"])
+    done = cli(laptop, "submit", str(one), "--wait", remote="viassh", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "using the ssh executable for viassh" in done.stderr and "dry run: nothing submitted" in done.stdout
-    (run,) = [p for p in laptop["root"].iterdir() if not p.name.startswith(".")]
-    assert (run / "job.sbatch").is_file() and json.loads((run / "state.json").read_text())["state"] == "dry-run"
+    assert "using the ssh executable for viassh" in done.stderr and "completed: training finished" in done.stdout
+    (run,) = [p for p in laptop["root"].iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert "shipped code uncommitted on node1" in (run / "attempt-1" / "logs" / "node-0.log").read_text()
 
 
 def _block(cfg: Path, alias: str) -> str:

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         else:
             q = report["quality"]
             out_console().print(
-                f"{'PASSED' if report['passed'] else 'STOPPED at ' + str(report['stopped_at'])}: quality target"
+                f"{('PASSED' + (f' up to {up_to}' if up_to and up_to != 'report' else '')) if report['passed'] else 'STOPPED at ' + str(report['stopped_at'])}: quality target"
                 f" {q.get('target')} {'reached in ' + str(q.get('time_to_target_s')) + ' s' if q.get('reached') else 'not reached'};"
                 f" report {out / 'index.html'}"
             )

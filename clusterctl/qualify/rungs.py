@@ -164,31 +164,38 @@ def node(c: Context) -> Rung:
 def comm(c: Context) -> Rung:
     nodes = c.d.max_nodes
     expected = c.runner.load(c.d.overrides(nodes, c.d.trainer(2))).site.expected.busbw_gbs
-    rung = Rung("comm", "all-reduce bus bandwidth over the world and inside each tensor-parallel group, at the"
-                " check's message sizes, measured on the exact nodes and rails a job gets"
-                + (f"; at least the site's expected figures {expected}" if expected else "; the site states no expected figures"),
+    rung = Rung("comm", "all-reduce, all-gather and reduce-scatter per group kind at the message sizes each kind carries"
+                " in training, on the exact nodes and rails a job gets; a group much slower than its kind's others has its"
+                " node pairs measured alone, naming the bad link"
+                + (f"; all-reduce busbw at least the site's expected {expected} GB/s" if expected else "; the site states no expected figures"),
                 judged=c.judge_performance and bool(expected))
-    checks = sorted(set(c.runner.load(c.d.overrides(nodes, c.d.trainer(2))).spec.preflight.checks) | {"comm"})
-    job = c.runner.run("comm", c.d.overrides(nodes, c.d.trainer(2), "restart.mode=none", "preflight.skip=[]",
-                                             "preflight.checks=" + json.dumps(checks)))
+    argv = ["python3", "-m", "clusterctl.qualify.commbench"]
+    job = c.runner.run("comm", c.d.overrides(nodes, argv) + ["restart.mode=none"])
     rung.runs.append(str(job.run.path))
     if not job.completed:
         return _failed(rung, job)
     try:
-        report = json.loads((job.run.attempt(1) / "checks.json").read_text()).get("comm", {})
+        report = json.loads((job.run.attempt(1) / "commbench.json").read_text())
     except (OSError, ValueError):
-        report = {}
-    world = report.get("world") or []
-    rung.measured["world"] = [{k: r.get(k) for k in ("bytes", "busbw_gbs", "algbw_gbs", "seconds")} for r in world]
-    rung.measured["tp_groups"] = report.get("tp_groups", [])
-    if not world:
-        rung.reason = f"no all-reduce results in {job.run.attempt(1) / 'checks.json'}"
+        rung.reason = f"no results in {job.run.attempt(1) / 'commbench.json'}"
         return rung
-    best = max(r.get("busbw_gbs") or 0 for r in world)
-    rung.measured["busbw_gbs"] = {"world": round(best, 3)}
-    low = {kind: want for kind, want in expected.items() if kind == "world" and best < want}
+    rows = [r for r in report.get("results", []) if "busbw_gbs" in r]
+    rung.measured.update(backend=report.get("backend"), results=report.get("results", []), links=report.get("links", []))
+    best: dict[str, float] = {}
+    for r in rows:
+        if r["op"] == "all_reduce":
+            best[r["kind"]] = max(best.get(r["kind"], 0.0), r["busbw_gbs"])
+    rung.measured["busbw_gbs"] = best
+    if not rows:
+        rung.reason = "no collective was measured (every group kind has one rank)"
+        rung.passed, rung.judged = True, False
+        return rung
+    low = {kind: (best.get(kind), want) for kind, want in expected.items() if kind in best and best[kind] < want}
+    slow_links = [link for link in report.get("links", [])][:1]
     if low and rung.judged:
-        rung.reason = f"world all-reduce busbw {best:.2f} GB/s < the site's expected {low['world']} GB/s"
+        rung.reason = "; ".join(f"{kind} all-reduce busbw {got:.2f} GB/s < expected {want} GB/s" for kind, (got, want) in low.items())
+        if slow_links:
+            rung.reason += f"; slowest link {' - '.join(slow_links[0]['nodes'])} at {slow_links[0]['busbw_gbs']} GB/s"
         return rung
     rung.passed = True
     return rung
