@@ -45,6 +45,8 @@ def test_the_whole_ladder_on_the_local_backend(tmp_path: Path, monkeypatch: pyte
     data = rung["data"]["measured"]
     assert data["unique"] and data["epoch_crossed"] and data["shuffled"] and data["input_wait_s"]["cold"] is not None
     assert rung["boundary"]["measured"]["crossing_groups"]["dp"]["cross_node"] == 1
+    comm = rung["comm"]["measured"]
+    assert comm["busbw_gbs"]["world"] > 0 and {r["op"] for r in comm["results"]} == {"all_reduce", "all_gather", "reduce_scatter"}
     # Emulated GPUs share CPUs: performance measured, not judged.
     assert not rung["node"]["judged"] and not rung["scaling"]["judged"]
     assert [p["nodes"] for p in report["scaling"]] == [1, 2]
