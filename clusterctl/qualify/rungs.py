@@ -209,11 +209,14 @@ def boundary(c: Context) -> Rung:
         rung.reason = "the partition offers one node: there is no node boundary to cross"
         rung.passed, rung.judged = True, False
         return rung
-    job = c.runner.run("boundary", c.d.overrides(nodes, c.d.trainer()) + ["restart.mode=none"])
+    topo = c.out / "nccl-topology.xml"  # NCCL's own view of the node (written on GPUs, where NCCL runs)
+    job = c.runner.run("boundary", c.d.overrides(nodes, c.d.trainer()) + ["restart.mode=none",
+                                                                          f"env.NCCL_TOPO_DUMP_FILE={json.dumps(str(topo))}"])
     rung.runs.append(str(job.run.path))
     if not job.completed:
         return _failed(rung, job)
     c.by_nodes[nodes] = job
+    rung.measured["nccl_topology"] = str(topo) if topo.exists() else "not written (no NCCL here: CPU ranks use gloo)"
     traffic = job.job.plan.traffic
     rung.measured["crossing_groups"] = {k: {"size": t.size, "count": t.count, "cross_node": t.cross_node}
                                         for k, t in traffic.items() if t.cross_node}
