@@ -260,3 +260,20 @@ def test_a_recorded_run_with_a_killed_rank(tmp_path: Path) -> None:
     assert (one.exit_code, one.next, one.culprits[0]["rank"], one.culprits[0]["host"]) == (84, "allocation", 1, "node1")
     assert one.kept_steps == two.first_step == 100 and one.steps > 100 and two.kept_steps == two.steps == 100
     assert 0 < st.goodput < 1
+
+
+def test_status_watch_refreshes_until_the_run_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No scheduler to ask here (no squeue): the run directory alone says training, then completed."""
+    import threading
+    import time
+
+    run = Run(tmp_path / "runs").attempt(1, T0, 0, 19)
+    monkeypatch.setenv("PATH", str(tmp_path))  # squeue cannot be found: status says so and goes on
+    finish = threading.Timer(1.5, lambda: run.end(1, 0, T0 + 30, rundir.NEXT_STOP, "training finished"))
+    finish.start()
+    began = time.monotonic()
+    result = cli("status", "--watch", "--every", "0.3", cwd=tmp_path)
+    finish.join()
+    assert result.exit_code == 0, result.output
+    assert 1.4 < time.monotonic() - began < 30
+    assert "COMPLETED" in result.stdout and "could not be asked" in result.stderr
