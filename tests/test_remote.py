@@ -107,8 +107,12 @@ def test_a_remote_job_runs_the_shipped_code_and_is_followed_read_and_cancelled(s
 def test_through_a_jump_host_and_with_the_ssh_executable(laptop: dict[str, Any]) -> None:
     jumped = cli(laptop, "runs", "--runs-root", str(laptop["root"]), "--json", remote="jumped")
     assert jumped.returncode == 0 and json.loads(jumped.stdout) == [], jumped.stderr
+    cfg = laptop["cfg"].config  # ProxyCommand: the stream comes from a command (here ssh -W through the bastion)
+    cfg.write_text(cfg.read_text() + "\nHost proxied\n    HostName 127.0.0.1\n" + _block(cfg, "cluster")
+                   + f"    ProxyCommand ssh -F {cfg} -W %h:%p bastion\n")
+    proxied = cli(laptop, "runs", "--runs-root", str(laptop["root"]), "--json", remote="proxied")
+    assert proxied.returncode == 0 and json.loads(proxied.stdout) == [], proxied.stderr
     # A config paramiko cannot honour (ControlMaster) sends the command to the ssh executable, and says so.
-    cfg = laptop["cfg"].config
     cfg.write_text(cfg.read_text() + "\nHost viassh\n    HostName 127.0.0.1\n" + _block(cfg, "cluster") + "    ControlMaster auto\n"
                    "    ControlPath none\n")
     env = {**laptop["env"], "PATH": f"/usr/bin:/bin"}
