@@ -151,6 +151,22 @@ def test_host_keys_are_checked_strictly_and_a_wrong_key_is_refused(tmp_path: Pat
     done = cli(laptop, "runs", env={**laptop["env"], **wrong.env})
     assert done.returncode == 69 and "no key was accepted for user root" in done.stderr, done.stderr
 
+    # The key in an ssh-agent only (no IdentityFile): offered from the agent.
+    keyless = write_client_config(tmp_path / "a" / "config", [HostEntry("cluster", ssh_lab, identity_file=None)])
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.run(["ssh-agent", "-a", str(sock)], capture_output=True, text=True, check=True)
+    pid = int(agent.stdout.split("SSH_AGENT_PID=")[1].split(";")[0])
+    try:
+        subprocess.run(["ssh-add", str(ssh_lab.user_key)], env={**os.environ, "SSH_AUTH_SOCK": str(sock)}, check=True,
+                       capture_output=True)
+        env = {**laptop["env"], **keyless.env, "SSH_AUTH_SOCK": str(sock), "HOME": str(tmp_path)}  # no default key files either
+        done = cli(laptop, "runs", "--runs-root", str(laptop["root"]), "--json", env=env)
+        assert done.returncode == 0 and json.loads(done.stdout) == [], done.stderr
+        env.pop("SSH_AUTH_SOCK")
+        assert cli(laptop, "runs", env=env).returncode == 69
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
 
 def test_keyboard_interactive_answered_from_standard_input(tmp_path: Path, laptop: dict[str, Any], kbdint_server: Any) -> None:
     cfg = write_client_config(tmp_path / "k" / "config", [HostEntry("mfa", kbdint_server, identity_file=None)])
