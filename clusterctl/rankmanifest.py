@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from clusterctl.rundir import read_json
+
 RANKS_OPEN = b'"ranks":['
 END = b"]}"
 CHUNK_ROWS = 4096  # rows joined per write: bounded memory, few system calls
@@ -56,11 +58,7 @@ def write(path: Path, header: dict[str, Any], rows: Iterable[bytes]) -> None:
 
 def read(path: Path) -> dict[str, Any] | None:
     """The whole manifest, or None while it is missing, being written, or not a JSON object."""
-    try:
-        data = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json(path)
 
 
 def read_header(path: Path) -> dict[str, Any] | None:

@@ -70,14 +70,23 @@ def runs_root(job: Job) -> Path:
     """
     root = job.spec.runs_root or job.site.runs_root or "runs"
     field = "runs_root" if job.spec.runs_root else "site runs_root"
-    unset = [a or b for a, b in _VARIABLE.findall(root) if (a or b) not in os.environ]
-    if unset:
+    path, unset = expand_path(root)
+    if path is None:
         raise ConfigError(
             "job spec",
-            [Problem(field, root, f"the environment variable {unset[0]} is not set; set it or write the path out")],
+            [Problem(field, root, f"the environment variable {unset} is not set; set it or write the path out")],
         )
-    path = Path(os.path.expandvars(root)).expanduser()
-    return path if path.is_absolute() else (Path.cwd() / path)
+    return path
+
+
+def expand_path(text: str) -> tuple[Path | None, str | None]:
+    """`~` and `$VARIABLE`s expanded here, relative to the working directory; (None, the first variable that is
+    not set) rather than a directory named after it. A login node does this for a laptop (`version --expand`)."""
+    unset = [a or b for a, b in _VARIABLE.findall(text) if (a or b) not in os.environ]
+    if unset:
+        return None, unset[0]
+    path = Path(os.path.expandvars(text)).expanduser()
+    return (path if path.is_absolute() else Path.cwd() / path), None
 
 
 def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None) -> RunDir:

@@ -105,7 +105,8 @@ class RunState:
         return data
 
 
-def _meaning(code: int | None) -> str:
+def meaning(code: int | None) -> str:
+    """What an exit code meant (exitcodes.DESCRIPTIONS), for attempts tables."""
     if code is None:
         return "no exit recorded"
     try:
@@ -155,7 +156,7 @@ def _story(state: dict[str, Any], events: list[dict[str, Any]], run_json: dict[s
             story.phase, story.exit_code = "stopped" if standalone else "ended", e.get("exit")
             story.reason = str(e.get("verdict") or e.get("reason") or "")
             if standalone and not story.reason:
-                story.reason = "training finished" if story.exit_code == 0 else f"exit {story.exit_code}: {_meaning(story.exit_code)}"
+                story.reason = "training finished" if story.exit_code == 0 else f"exit {story.exit_code}: {meaning(story.exit_code)}"
         elif kind == rundir.EVENT_SIGNAL:
             story.signal = str(e.get("signal") or "")
         elif kind == rundir.EVENT_NEXT:
@@ -202,7 +203,7 @@ def _attempts(run: RunDir, events: list[dict[str, Any]], run_json: dict[str, Any
         if kind == rundir.EVENT_END:
             a.end = _time(e)
             a.exit_code = e.get("exit") if isinstance(e.get("exit"), int) else None
-            a.meaning = _meaning(a.exit_code) if a.exit_code is not None else str(e.get("reason") or _meaning(None))
+            a.meaning = meaning(a.exit_code) if a.exit_code is not None else str(e.get("reason") or meaning(None))
             a.verdict = str(e.get("verdict") or "")
         elif kind == rundir.EVENT_NEXT:
             a.next = e.get("how")
@@ -342,7 +343,7 @@ def _derive(run: RunDir, loaded: _Loaded, jobs: Mapping[str, JobInfo | None] | N
             value, reason = CANCELLED, f"cancelled by {story.cancelled_by}" if story.cancelled_by else f"job {shown_job} was cancelled ({slurm})"
         elif story.phase == "ended":  # the attempt's end is recorded; the decision after it never was
             value = COMPLETED if exit_code == 0 else FAILED
-            reason = (f"attempt {story.attempt} ended with exit {exit_code} ({reason or _meaning(exit_code)}), then job {shown_job}"
+            reason = (f"attempt {story.attempt} ended with exit {exit_code} ({reason or meaning(exit_code)}), then job {shown_job}"
                       f" ended ({slurm}) before the run's next step was decided (see {rundir.BATCH_LOG.format(job=story.job)})")
         else:
             value = FAILED
@@ -450,6 +451,11 @@ def list_runs(root: Path) -> list[RunDir]:
 def _newest_key(path: Path) -> tuple[str, str]:
     stamp = "-".join(path.name.split("-")[-3:-1])  # <name>-YYYYmmdd-HHMMSS-<hex>
     return (stamp if len(stamp) == 15 else "", path.name)
+
+
+def derive_one(run: RunDir, backend_for: Callable[[str], Backend] | None) -> RunState:
+    """One run's state, read once, with at most one scheduler question (none when it cannot be asked)."""
+    return derive_many([run], backend_for)[0][0]
 
 
 def derive_many(

@@ -11,18 +11,14 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
-from clusterctl.remote.client import REMOTE_ENV, connect, target
+from clusterctl.remote.client import REMOTE_ENV, connect
+from clusterctl.remote.client import target as remote_target  # noqa: F401 - the commands' one way to read --remote
 
 RemoteOpt = Annotated[
     Optional[str],
     typer.Option("--remote", metavar="[USER@]HOST", show_default=False,
                  help=f"run on the cluster's login node over SSH (an ~/.ssh/config alias works; default ${REMOTE_ENV})"),
 ]
-
-
-def remote_target(remote: str | None) -> str | None:
-    """Where this command runs: --remote, else $CLUSTERCTL_REMOTE; None: here."""
-    return target(remote)
 
 
 def _flag(param: Any, value: Any) -> list[str]:

@@ -33,16 +33,14 @@ def _states(runs: list[RunDir]) -> list[RunState]:
     return states
 
 
-def _shown(run: Optional[str], root: Path | None, show_all: bool) -> list[RunDir]:
-    """RUN, else the runs still going (all of them with --all), else the newest run."""
+def _shown(run: Optional[str], root: Path | None, show_all: bool) -> list[RunState]:
+    """RUN, else the runs still going (all of them with --all), else the newest run: their states, derived once."""
     if run is not None:
-        return [resolve_run(run, root)]
-    found = list_runs(runs_root(root))
-    if show_all or not found:
-        return found
-    states, _ = derive_many(found, None)  # a cheap first pass from the directories: which may still be going
-    going = [st for st in states if st.state not in FINAL]
-    return [RunDir(st.path) for st in going] or found[:1]
+        return _states([resolve_run(run, root)])
+    states = _states(list_runs(runs_root(root)))
+    if show_all or not states:
+        return states
+    return [st for st in states if st.state not in FINAL] or states[:1]
 
 
 def _parsed(data: object) -> list[RunState]:
@@ -90,14 +88,20 @@ def register(app: typer.Typer) -> None:
                         *(["--all"] if show_all else []), "--json"]
                 _show(lambda: _parsed(link.json(args)), as_json, watch, every, single=run is not None)
             return
-        runs = _shown(run, root, show_all)
-        if not runs:
+        first = _shown(run, root, show_all)
+        if not first:
             if as_json:
                 print("[]")
             else:
                 err_console.print(f"no runs under {runs_root(root)}")
             raise typer.Exit(0)
-        _show(lambda: _states(runs), as_json, watch, every, single=run is not None)
+        runs = [RunDir(st.path) for st in first]
+        pending = [first]  # the states just derived serve the first screen; each refresh derives again
+
+        def poll() -> list[RunState]:
+            return pending.pop() if pending else _states(runs)
+
+        _show(poll, as_json, watch, every, single=run is not None)
 
     @app.command("runs")
     def runs_cmd(root: RootOpt = None, as_json: JsonOpt = False, remote: RemoteOpt = None) -> None:

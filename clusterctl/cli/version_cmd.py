@@ -8,8 +8,6 @@ agree on the run directory's format (`version --json`).
 from __future__ import annotations
 
 import json
-import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -25,10 +23,8 @@ from clusterctl.cli.suspects_cmd import rows as suspect_rows
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
+from clusterctl.runfiles import expand_path
 from clusterctl.submit import submit_rendered
-
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-
 
 def facts(expand: list[str], with_suspects: bool = False) -> dict[str, object]:
     """This installation: its version, run-directory format, interpreter, paths expanded here and (for a
@@ -36,11 +32,10 @@ def facts(expand: list[str], with_suspects: bool = False) -> dict[str, object]:
     expanded: dict[str, str | None] = {}
     blamed: dict[str, list[dict[str, object]]] = {}
     for text in expand:
-        unset = [a or b for a, b in _VARIABLE.findall(text) if (a or b) not in os.environ]
-        path = Path(os.path.expandvars(text)).expanduser()
-        expanded[text] = None if unset else str(path if path.is_absolute() else Path.cwd() / path)
-        if with_suspects and expanded[text]:
-            blamed[text] = suspect_rows(suspects.nodes(Path(str(expanded[text]))), 0.0, time.time(), True)
+        path, _unset = expand_path(text)
+        expanded[text] = str(path) if path is not None else None
+        if with_suspects and path is not None:
+            blamed[text] = suspect_rows(suspects.nodes(path), 0.0, time.time(), True)
     found: dict[str, object] = {"version": __version__, "run_dir_format": rundir.FORMAT, "python": sys.executable,
                                 "cwd": str(Path.cwd()), "expanded": expanded}
     if with_suspects:

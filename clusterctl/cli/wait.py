@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from clusterctl.backends import Backend
 from clusterctl.cli.status_view import status_line
 from clusterctl.rundir import RunDir
-from clusterctl.runstate import COMPLETED, FINAL, RunState, derive, wanted_job
+from clusterctl.runstate import COMPLETED, FINAL, RunState, derive_one
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,7 @@ def exit_code(st: RunState) -> int:
 def local_state(backend: Backend, run: RunDir) -> Callable[[], RunState]:
     """The run's state here: one scheduler question per poll, about the one job that matters."""
 
-    def poll() -> RunState:
-        job = wanted_job(run)
-        return derive(run, backend.info_many([job]) if job else {})
-
-    return poll
+    return lambda: derive_one(run, lambda _name: backend)
 
 
 def follow(poll: Callable[[], RunState], show: Callable[[str], None], every_s: float = 1.0) -> Outcome:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from clusterctl import rundir
+from clusterctl import rankmanifest, rundir
 from clusterctl.checkpoint import names
 from clusterctl.qualify.definition import Definition
 from clusterctl.qualify.jobs import JobRun, Runner, drill, past_step
@@ -83,11 +83,7 @@ def _per_rank_p50(job: JobRun) -> dict[str, float]:
 
 
 def _manifest(run: Any, attempt: int = 1) -> dict[str, Any]:
-    path = run.attempt(attempt) / rundir.MANIFEST
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    return rankmanifest.read(run.attempt(attempt) / rundir.MANIFEST) or {}
 
 
 def worker(c: Context) -> Rung:

@@ -19,7 +19,7 @@ import sys
 import tarfile
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -422,13 +422,3 @@ def connect(dest: Destination, choice: str = "auto") -> Transport:
 def open_transport(remote: str, choice: str = "auto") -> Transport:
     return connect(resolve(remote), choice)
 
-
-def lines(stream: Iterator[bytes]) -> Iterator[str]:
-    buf = b""
-    for chunk in stream:
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            yield line.decode(errors="replace").rstrip("\r")
-    if buf:
-        yield buf.decode(errors="replace")

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import ClusterctlError
-from clusterctl.exitcodes import DESCRIPTIONS, ExitCode
+from clusterctl.exitcodes import ExitCode
 from clusterctl.report import runinfo
 from clusterctl.report.load import RunData, load_run
 from clusterctl.report.stats import WARMUP_STEPS, Figures, figures, headline
 from clusterctl.rundir import RunDir
+from clusterctl.runstate import meaning
 
 __all__ = ["WARMUP_STEPS", "Report", "build_report", "collect", "write"]
 
@@ -37,22 +38,13 @@ class Report:
     record_source: str
 
 
-def _meaning(code: int | None) -> str:
-    if code is None:
-        return "-"
-    try:
-        return DESCRIPTIONS[ExitCode(code)][0]
-    except ValueError:
-        return f"exit {code}"
-
-
 def _own_attempts(data: RunData) -> list[dict[str, Any]]:
     """The attempts table from the run directory alone, where clusterctl.runstate cannot give it."""
     rows = []
     for a in data.attempts:
         steps = int(a.metrics.step.size)
         rows.append({"attempt": a.number, "job_id": a.job_id, "nodes": ",".join(a.hosts), "start": a.start, "end": a.end,
-                     "exit_code": a.exit_code, "meaning": _meaning(a.exit_code) if a.end is not None else "running",
+                     "exit_code": a.exit_code, "meaning": meaning(a.exit_code) if a.end is not None else "running",
                      "steps": steps})
     return rows
 

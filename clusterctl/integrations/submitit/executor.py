@@ -122,17 +122,9 @@ def derive_run(run_dir: Path) -> RunState:
     """The run's state as `clusterctl status` derives it: the run directory and one question about one job."""
     from clusterctl.backends import get_backend
     from clusterctl.rundir import RunDir
-    from clusterctl.runstate import derive, wanted_job
+    from clusterctl.runstate import derive_one
 
-    run = RunDir(run_dir)
-    job = wanted_job(run)
-    jobs = None
-    if job:
-        try:
-            jobs = get_backend(str(run.read_state().get("backend") or "slurm")).info_many([job])
-        except ClusterctlError:
-            jobs = None  # the scheduler cannot be asked now: the run directory alone decides
-    return derive(run, jobs)
+    return derive_one(RunDir(run_dir), get_backend)  # a scheduler that cannot be asked: the run directory decides
 
 
 def _sets_budget(spec: Path) -> bool:
