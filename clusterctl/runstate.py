@@ -250,7 +250,7 @@ def _steps(run: RunDir, attempts: list[Attempt], keep_all_of_last: bool, committ
             later = [firsts[b.attempt]["step"] for b in attempts[i + 1 :] if firsts[b.attempt] is not None]
             if later:  # the next attempt that trained resumed from its first step: what came after is redone
                 upto = min(later) - 1
-            elif keep_all_of_last:
+            elif keep_all_of_last and i == len(attempts) - 1:
                 upto = a.last_step
             else:  # the run stopped or waits for a new attempt: it resumes from the latest committed checkpoint
                 upto = committed if committed is not None else a.first_step - 1

@@ -95,6 +95,11 @@ def test_a_verdict_being_carried_out_is_restarting_and_names_the_culprit(tmp_pat
     st = derive(run.dir, {"100": JobInfo("100", "RUNNING")})
     assert st.state == "restarting" and "rank 3 on n2 hung" in st.reason
     assert st.attempts[0].culprits == HANG["culprits"]
+    # The next attempt is starting (no step yet): the first one keeps only what the checkpoint holds.
+    run.checkpoint(29).end(1, ExitCode.HANG, T0 + 28, rundir.NEXT_ALLOCATION, "exit 82 (hang); restarting in the allocation")
+    run.attempt(2, T0 + 30, 0, -1)
+    st = derive(run.dir, {"100": JobInfo("100", "RUNNING")})
+    assert st.state == "starting" and (st.attempts[0].steps, st.attempts[0].kept_steps) == (40, 30)
 
 
 def test_restart_in_the_allocation_keeps_what_was_committed_and_counts_the_rest_as_lost(tmp_path: Path) -> None:
