@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402 - imported once here, inherited by every forked rank
 
-from clusterctl.checkpoint.localworld import fork_ranks  # noqa: E402
+from clusterctl.testing.localworld import fork_ranks  # noqa: E402
 
 GIB = 1 << 30
 COLS = 4096

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402,F401 - imported once here, inherited by every forked rank
 
-from clusterctl.checkpoint import drill  # noqa: E402
+from clusterctl.testing import crashdrill as drill  # noqa: E402
 
 
 def main() -> int:

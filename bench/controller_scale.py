@@ -56,7 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clusterctl.runtime import registry  # noqa: E402
+from clusterctl.runtime import registration  # noqa: E402
 
 GPN = 8
 WORKERS = 4  # processes of emulated ranks
@@ -195,7 +195,7 @@ class Controller:
 
 def watch_verdict(store: Any, seen: dict[str, float]) -> threading.Thread:
     def wait() -> None:
-        store.wait([registry.VERDICT])
+        store.wait([registration.VERDICT])
         seen["verdict"] = time.time()
 
     thread = threading.Thread(target=wait, daemon=True)
@@ -207,9 +207,9 @@ def preload(store: Any, world: int, hosts: list[str], run_dir: str) -> float:
     """Every rank's registration as a rank stores it, then the arrival count: the last arrival's time."""
     for start in range(0, world, PRELOAD_BATCH):
         ranks = range(start, min(world, start + PRELOAD_BATCH))
-        store.multi_set([registry.reg_key(r) for r in ranks],
-                        [registry.encode_registration(rank_record(r, world, hosts, run_dir)) for r in ranks])
-    store.add(registry.ARRIVED, world)
+        store.multi_set([registration.reg_key(r) for r in ranks],
+                        [registration.encode_registration(rank_record(r, world, hosts, run_dir)) for r in ranks])
+    store.add(registration.ARRIVED, world)
     return time.time()
 
 

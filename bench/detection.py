@@ -56,8 +56,8 @@ def spec(name: str, runs: Path, steps: int) -> dict[str, Any]:
 
 
 def submit(scratch: Path, name: str, steps: int) -> Path:
-    from clusterctl.job import load_job
-    from clusterctl.submit import submit_job
+    from clusterctl.plan.job import load_job
+    from clusterctl.actions.submit import submit_job
 
     path = scratch / f"{name}.yaml"
     path.write_text(json.dumps(spec(name, scratch / "runs", steps)))
@@ -95,7 +95,7 @@ def step_at(attempt: Path, rank: int, when: float) -> int:
 
 
 def cancel(run: Path) -> None:
-    from clusterctl.backends.local import LocalBackend
+    from clusterctl.backends.local.backend import LocalBackend
 
     LocalBackend().cancel(str(json.loads((run / "state.json").read_text())["job_id"]))
 

@@ -32,8 +32,8 @@ SIZES = {  # ranks: (tp, pp, dp) on 8-GPU DGX H100 nodes
 def one(ranks: int, repeat: int) -> dict[str, float]:
     """Time make_plan + rank map + the --json document for one size, in this process."""
     from clusterctl.plan import make_plan
-    from clusterctl.site import Partition, load_site
-    from clusterctl.spec import JobSpec
+    from clusterctl.config.site import Partition, load_site
+    from clusterctl.config.spec import JobSpec
 
     tp, pp, dp = SIZES[ranks]
     site, _ = load_site("dgx-h100")
@@ -79,7 +79,7 @@ def refuse(repeat: int) -> dict[str, float]:
     from pathlib import Path
 
     from clusterctl.errors import ConfigError
-    from clusterctl.job import load_job
+    from clusterctl.plan.job import load_job
 
     with tempfile.TemporaryDirectory() as scratch:
         spec = Path(scratch) / "job.yaml"

@@ -60,7 +60,7 @@ def median_ms(call: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 def probe_ms(env: dict[str, str]) -> tuple[float, float]:
     """choose_query() in a fresh interpreter (its start and imports apart), with an empty probe cache, then with it filled."""
-    code = ("import time; from clusterctl.backends.query import choose_query; t = time.perf_counter(); q = choose_query();"
+    code = ("import time; from clusterctl.backends.slurm.query import choose_query; t = time.perf_counter(); q = choose_query();"
             " print(q.name, (time.perf_counter() - t) * 1000)")
     found = []
     with tempfile.TemporaryDirectory(prefix="clusterctl-bench-cache-") as cache:
@@ -85,13 +85,13 @@ def main() -> None:
 
     env = lab_env()
     os.environ["SLURM_CONF"] = env["SLURM_CONF"]
-    from clusterctl.backends import pyslurmprobe
-    from clusterctl.backends.cliquery import CliQuery
+    from clusterctl.backends.slurm import pyslurmprobe
+    from clusterctl.backends.slurm.cliquery import CliQuery
 
     problem = pyslurmprobe.problem()
     if problem is not None:
         raise SystemExit(f"pyslurm cannot be used: {problem}")
-    from clusterctl.backends.pyslurmquery import PyslurmQuery
+    from clusterctl.backends.slurm.pyslurmquery import PyslurmQuery
 
     cli, fast = CliQuery(), PyslurmQuery()
     out = subprocess.run(["sbatch", "--parsable", "--hold", f"--array=0-{count - 1}", "--output=/dev/null", "--job-name=bench-queries",

@@ -26,8 +26,8 @@ from pathlib import Path
 
 def big_plan():  # noqa: ANN201
     from clusterctl.plan import make_plan
-    from clusterctl.site import Gpu, Partition, load_site
-    from clusterctl.spec import JobSpec
+    from clusterctl.config.site import Gpu, Partition, load_site
+    from clusterctl.config.spec import JobSpec
 
     site, _ = load_site("dgx-h100")
     # Fold the DGX CPU lists onto CPUs that exist here so taskset really binds.
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = parser.parse_args()
-    from clusterctl.render import render_run
+    from clusterctl.render.scripts import render_run
 
     spec, site, make_plan = big_plan()
     repeats = 2 if args.quick else 5

@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 from clusterctl import rundir  # noqa: E402
 from clusterctl.backends import get_backend  # noqa: E402
 from clusterctl.rundir import RunDir  # noqa: E402
-from clusterctl.runstate import derive_many, list_runs  # noqa: E402
+from clusterctl.rundir import list_runs  # noqa: E402
+from clusterctl.views.state import derive_many  # noqa: E402
 
 T0 = 1_800_000_000.0
 ATTEMPTS = 3
@@ -144,12 +145,12 @@ def bench_status(runs: int, lines: int, quick: bool) -> dict[str, object]:
 CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from clusterctl.report import build_report
+from clusterctl.views.report import build_report
 from clusterctl.rundir import RunDir
 began = time.perf_counter()
 figures = build_report(RunDir(Path(sys.argv[1])), Path(sys.argv[2]))
 seconds = time.perf_counter() - began
-from clusterctl.report.timeline import _workers
+from clusterctl.views.report.timeline import _workers
 own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 print(json.dumps({"seconds": seconds, "own_mb": own, "worker_mb": child, "workers": min(_workers(), 8)}))
@@ -158,7 +159,7 @@ print(json.dumps({"seconds": seconds, "own_mb": own, "worker_mb": child, "worker
 
 def bench_report(steps: int) -> dict[str, object]:
     try:
-        from clusterctl.report.synth import write_synthetic_run
+        from clusterctl.testing.runsynth import write_synthetic_run
     except ImportError as exc:
         return {"report_steps": steps, "report_seconds": None, "report_peak_rss_mb": None, "report_error": str(exc)}
     with tempfile.TemporaryDirectory(prefix="clusterctl-bench-report-") as tmp:

@@ -64,3 +64,13 @@ DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
 }
 
 BUG_REPORT_HINT = "this is a bug in clusterctl; please report it with the command and the message above"
+
+
+def meaning(code: int | None) -> str:
+    """What an exit code meant, in a few words (DESCRIPTIONS), for attempts tables and histories."""
+    if code is None:
+        return "no exit recorded"
+    try:
+        return DESCRIPTIONS[ExitCode(code)][0]
+    except (ValueError, KeyError):
+        return f"exit {code}"

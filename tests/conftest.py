@@ -52,8 +52,8 @@ def _no_local_jobs_left_behind(request: pytest.FixtureRequest) -> Iterator[None]
     roots = [p.parent for p in tmp_path.glob("*/jobs") if p.is_dir()] + [p.parent for p in tmp_path.glob("*/*/jobs") if p.is_dir()]
     if not roots:
         return
-    from clusterctl.backends.local import LocalBackend
-    from clusterctl.backends.localslurm.records import list_jobs
+    from clusterctl.backends.local.backend import LocalBackend
+    from clusterctl.backends.local.records import list_jobs
 
     for root in roots:
         backend = LocalBackend(state_dir=root)

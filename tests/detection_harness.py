@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl import envnames, rundir
-from clusterctl.backends.localslurm import BIN_DIR
-from clusterctl.runtime.registry import Verdict
+from clusterctl.backends.local import BIN_DIR
+from clusterctl.rundir.verdict import Verdict
+from clusterctl.runtime.response import Response
+from clusterctl.runtime.verdicts import VerdictKeeper
 from clusterctl.runtime.watchdog import Settings, Watchdog
 from clusterctl.runtime.watchserver import WatchServer
 from clusterctl.trainer.busy import calibrate
@@ -108,13 +110,14 @@ class MiniJob:
         self.server = WatchServer(
             listener, self.token, self.watchdog, self.attempt_dir / rundir.TIMELINE, self._on_finding, lambda m: None
         )
+        self.response = Response(self.attempt_dir, self.server, self.watchdog, VerdictKeeper(self.attempt_dir, lambda m: None))
         self.barrier = BarrierServer(self.world)
         self.args = ["--steps", str(steps), "--units", str(units_for(compute_s)), *(extra or [])]
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def _on_finding(self, finding: Verdict) -> None:
         called = time.time()
-        self.server.respond(finding, self.attempt_dir)  # verdict.json, stacks, ranks stopped
+        self.response.on_finding(finding)  # verdict.json, stacks, ranks stopped
         self.findings.append((called, finding))
 
     def env(self) -> dict[str, str]:
@@ -201,7 +204,7 @@ class MiniJob:
         errors_dir = self.attempt_dir / "errors"
         errors = {int(p.stem.split("-")[1]): p.read_text() for p in errors_dir.glob("rank-*.txt")} if errors_dir.is_dir() else {}
         gpus = {r.rank: r.gpu for r in self.watchdog.ranks}
-        return self.server.judge_end(errors, self.attempt_dir / rundir.SRUN_LOG, gpus)
+        return self.response.end_verdict(errors, gpus)
 
     def verdict(self) -> dict[str, Any]:
         return json.loads((self.attempt_dir / rundir.VERDICT).read_text())

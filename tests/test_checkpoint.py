@@ -27,7 +27,7 @@ from clusterctl.checkpoint import (
     verify,
 )
 from clusterctl.checkpoint import names, reshard
-from clusterctl.checkpoint.localworld import RankFailed, fork_ranks
+from clusterctl.testing.localworld import RankFailed, fork_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 

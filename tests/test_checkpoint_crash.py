@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clusterctl.checkpoint import drill, durable, latest_committed, list_generations, names, phases, protocol
+from clusterctl.testing import crashdrill as drill
+from clusterctl.checkpoint import durable, latest_committed, list_generations, names, phases, protocol
 
 TRIALS = 60  # killed trials; runs whose kill point is not reached come on top
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from clusterctl.site import shipped_sites
+from clusterctl.config.site import shipped_sites
 from helpers import (
     EXAMPLE_FILES,
     EXAMPLES,

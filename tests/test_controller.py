@@ -19,9 +19,9 @@ import pytest
 
 torch_distributed = pytest.importorskip("torch.distributed")
 
-from clusterctl import rankmanifest  # noqa: E402
+from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl.exitcodes import ExitCode  # noqa: E402
-from clusterctl.runtime import registry, rendezvous  # noqa: E402
+from clusterctl.runtime import registration, rendezvous  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 
 TOKEN = "attempt-token"
@@ -178,7 +178,7 @@ def test_every_registration_check_at_once(tmp_path: Path) -> None:
         thread.start()
         threads.append(thread)
         deadline = time.monotonic() + 30
-        while probe.check([registry.reg_key(rank)]) + int(probe.add(registry.claim_key(rank), 0)) < claims:
+        while probe.check([registration.reg_key(rank)]) + int(probe.add(registration.claim_key(rank), 0)) < claims:
             assert time.monotonic() < deadline
             time.sleep(0.05)
 

@@ -24,9 +24,10 @@ import pytest
 
 torch_distributed = pytest.importorskip("torch.distributed")
 
-from clusterctl import rankmanifest, rundir  # noqa: E402
+from clusterctl.rundir import rankmanifest  # noqa: E402
+from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode  # noqa: E402
-from clusterctl.runtime import collect, filelimit, registry, rendezvous  # noqa: E402
+from clusterctl.runtime import collect, filelimit, registration, rendezvous  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 
 TOKEN = "scale-token"
@@ -172,8 +173,8 @@ def test_a_hard_limit_below_the_world_refuses_at_once_and_says_what_to_ask_for(t
 
 def test_the_manifest_reads_the_same_through_every_reader(judged_512: tuple[Path, dict, str]) -> None:
     from clusterctl.cli.drill_cmd import wait_for_attempt
-    from clusterctl.runrecord import load
-    from clusterctl.trace import build_trace
+    from clusterctl.views.record import load
+    from clusterctl.views.chrometrace import build_trace
 
     attempt, _, out = judged_512
     path = attempt / rundir.MANIFEST
@@ -227,7 +228,7 @@ def preload(store: object, prefix: str, values: dict[int, bytes]) -> None:
 
 def test_chunked_collection_returns_what_one_key_at_a_time_does(store: object) -> None:
     """5,000 keys with gaps: the bounded requests find exactly the registrations a per-key read finds."""
-    values = {r: registry.encode_registration(record(r % WORLD) | {"rank": r}) for r in range(5000) if r % 7 and r != 4999}
+    values = {r: registration.encode_registration(record(r % WORLD) | {"rank": r}) for r in range(5000) if r % 7 and r != 4999}
     preload(store, "gaps/", values)
     keys = [f"gaps/{r}" for r in range(5000)]
     naive = {r: store.get(k) for r, k in enumerate(keys) if store.check([k])}
@@ -250,19 +251,19 @@ def test_a_200000_key_collect_does_not_fail(store: object) -> None:
 def test_a_registration_is_judged_from_its_summary_and_kept_whole() -> None:
     full = record(3) | {"preflight": [{"name": "gpu", "ok": False, "detail": "ECC", "data": {}},
                                       {"name": "cpu", "ok": True, "detail": "ok", "data": {"x": 1}}]}
-    head, row = registry.decode_registration(registry.encode_registration(full))
+    head, row = registration.decode_registration(registration.encode_registration(full))
     assert json.loads(bytes(row)) == full and b"\n" not in bytes(row)
-    assert head == {k: full[k] for k in registry.JUDGED} | {"preflight": [full["preflight"][0]]}
-    plain, row = registry.decode_registration(json.dumps(full, indent=1).encode())  # written as plain JSON: decoded whole
+    assert head == {k: full[k] for k in registration.JUDGED} | {"preflight": [full["preflight"][0]]}
+    plain, row = registration.decode_registration(json.dumps(full, indent=1).encode())  # written as plain JSON: decoded whole
     assert plain == head and json.loads(bytes(row)) == full
-    garbled, row = registry.decode_registration(b"\x00not json")
+    garbled, row = registration.decode_registration(b"\x00not json")
     assert "token" not in garbled and "undecodable" in json.loads(bytes(row))
     seen: dict = {}
-    a = registry.share_values(registry.summary(record(1)), seen)
-    b = registry.share_values(registry.summary(record(2)), seen)
-    assert a["versions"] is b["versions"] and a["token"] is b["token"] and a == registry.summary(record(1))
+    a = registration.share_values(registration.summary(record(1)), seen)
+    b = registration.share_values(registration.summary(record(2)), seen)
+    assert a["versions"] is b["versions"] and a["token"] is b["token"] and a == registration.summary(record(1))
 
 
 def test_the_verdict_margin_grows_with_the_world() -> None:
-    assert registry.verdict_margin_s(8) == pytest.approx(30, abs=0.01)
-    assert registry.verdict_margin_s(100_000) == pytest.approx(50)
+    assert registration.verdict_margin_s(8) == pytest.approx(30, abs=0.01)
+    assert registration.verdict_margin_s(100_000) == pytest.approx(50)

@@ -19,8 +19,9 @@ from conftest import BACKEND_SITES
 
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
-from clusterctl.job import load_job
-from clusterctl.submit import Submitted, submit_job
+from clusterctl.plan.job import load_job
+from clusterctl.actions.submit import Submitted, submit_job
+from clusterctl.rundir import history
 from helpers import cli
 
 
@@ -74,7 +75,7 @@ def test_drill_names_the_culprit_of_a_torch_job(
     assert verdict["culprits"][0]["host"] == hosts[target // 2]
     victims = sorted(v["rank"] for v in verdict["victims"])
     assert victims == sorted(set(range(4)) - {target})
-    end = [e for e in run.events() if e["event"] == "end"]
+    end = [e for e in history.read_events(run.events_file) if e["event"] == "end"]
     assert end[-1]["attempt"] == 1 and end[-1]["exit"] == code, log
     if fault == "hang":
         for rank in victims:  # each survivor says where it waited: in the collective

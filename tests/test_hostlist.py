@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterctl.hostlist import MAX_HOSTS, HostlistError, compress, expand, first
+from clusterctl.syntax.hostlist import MAX_HOSTS, HostlistError, compress, expand, first
 
 LAB_SH = Path(__file__).resolve().parent / "slurmlab" / "lab.sh"
 PROPERTY = settings(

@@ -8,8 +8,8 @@ import pytest
 
 from clusterctl.plan import make_plan
 from clusterctl.plan.interval import young_daly
-from clusterctl.site import load_site
-from clusterctl.spec import JobSpec
+from clusterctl.config.site import load_site
+from clusterctl.config.spec import JobSpec
 
 
 def test_young_daly_formula() -> None:

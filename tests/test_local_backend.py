@@ -1,7 +1,7 @@
 """The local backend end to end: the rendered quickstart job, real processes, real signals.
 
 Each test submits examples/quickstart.yaml (2 emulated nodes x 2 ranks)
-through clusterctl.submit.submit_job with a small stdlib stand-in rank, and
+through clusterctl.actions.submit.submit_job with a small stdlib stand-in rank, and
 checks what the batch script, the srun shim and the supervisor did: the
 per-rank environment against the plan, per-node logs, the attempt records,
 a failing rank, the time limit with its pre-timeout signal, a requeue that
@@ -27,16 +27,16 @@ from pathlib import Path
 
 import pytest
 
-import clusterctl.submit
+import clusterctl.actions.submit
 from clusterctl.backends.base import JobInfo
-from clusterctl.backends.local import LocalBackend
-from clusterctl.backends.localslurm import BIN_DIR
-from clusterctl.binding import binding_table, rank_env
+from clusterctl.backends.local.backend import LocalBackend
+from clusterctl.backends.local import BIN_DIR
+from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.errors import ClusterctlError
-from clusterctl.job import Job, load_job
+from clusterctl.plan.job import Job, load_job
 from clusterctl.rundir import RunDir
-from clusterctl.runfiles import create_run
-from clusterctl.submit import submit_job
+from clusterctl.render.runfiles import create_run
+from clusterctl.actions.submit import submit_job
 from helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +81,7 @@ def local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     monkeypatch.delenv("CLUSTERCTL_LOCAL_TIME_SCALE", raising=False)
     monkeypatch.delenv("CLUSTERCTL_LOCAL_REQUEUE_DELAY", raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(clusterctl.submit, "create_run", functools.partial(create_run, standalone=True))
+    monkeypatch.setattr(clusterctl.actions.submit, "create_run", functools.partial(create_run, standalone=True))
     (tmp_path / "rank.py").write_text(RANK)
     yield tmp_path
     backend = LocalBackend()

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from clusterctl.backends.base import JobInfo
-from clusterctl.backends.local import LocalBackend
-from clusterctl.backends.localslurm import BIN_DIR
-from clusterctl.backends.localslurm.batchopts import (
+from clusterctl.backends.local.backend import LocalBackend
+from clusterctl.backends.local import BIN_DIR
+from clusterctl.backends.local.batchopts import (
     OptionError,
     directives,
     expand_pattern,
@@ -34,13 +34,13 @@ from clusterctl.backends.localslurm.batchopts import (
     parse_signal,
     parse_time,
 )
-from clusterctl.backends.localslurm.formats import counts_text, even_split, slurm_time
-from clusterctl.backends.localslurm.records import next_counter
-from clusterctl.backends.localslurm.srunopts import SrunError, expand_counts, layout, parse, split_argv
-from clusterctl.backends.slurm import parse_scontrol_job
-from clusterctl.hostlist import compress, expand
-from clusterctl.job import load_job
-from clusterctl.render import render_run
+from clusterctl.backends.local.formats import counts_text, even_split, slurm_time
+from clusterctl.backends.local.records import next_counter
+from clusterctl.backends.local.srunopts import SrunError, expand_counts, layout, parse, split_argv
+from clusterctl.backends.slurm.backend import parse_scontrol_job
+from clusterctl.syntax.hostlist import compress, expand
+from clusterctl.plan.job import load_job
+from clusterctl.render.scripts import render_run
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"

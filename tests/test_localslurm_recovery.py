@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.backends.localslurm import BIN_DIR
-from clusterctl.backends.localslurm.batchopts import OptionError, parse_request
-from clusterctl.backends.local import LocalBackend
+from clusterctl.backends.local import BIN_DIR
+from clusterctl.backends.local.batchopts import OptionError, parse_request
+from clusterctl.backends.local.backend import LocalBackend
 from test_local_shims import state  # noqa: F401 - the emulated Slurm's private state directory, shims first on PATH
 
 # What a recovery step does before it calls sbatch or scontrol for the next attempt: drop the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import runlogs
+from clusterctl.views import logs as runlogs
 from clusterctl.cli import logs_cmd
 from clusterctl.rundir import RunDir
 from helpers import cli

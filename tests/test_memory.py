@@ -7,8 +7,8 @@ import pytest
 from clusterctl.plan import make_plan
 from clusterctl.plan.batch import bubble_fraction
 from clusterctl.plan.memory import count_params
-from clusterctl.site import load_site
-from clusterctl.spec import JobSpec
+from clusterctl.config.site import load_site
+from clusterctl.config.spec import JobSpec
 
 GB = 1e9
 

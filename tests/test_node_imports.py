@@ -21,7 +21,7 @@ def test_launcher_controller_and_checks_import_no_login_node_libraries() -> None
         "clusterctl.runtime.preflight",
         "clusterctl.runtime.rendezvous",
         "clusterctl.runtime.postchecks",
-        "clusterctl.hostlist",
+        "clusterctl.syntax.hostlist",
     ):
         loaded = imported_by(module)
         heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)

@@ -11,10 +11,10 @@ import pytest
 
 from clusterctl import launch
 from clusterctl.errors import ConfigError
-from clusterctl.job import load_job
-from clusterctl.render import render_run
+from clusterctl.plan.job import load_job
+from clusterctl.render.scripts import render_run
 from clusterctl.runtime import preflight as preflight_mod
-from clusterctl.spec import DEFAULT_PREFLIGHT, load_spec
+from clusterctl.config.spec import DEFAULT_PREFLIGHT, load_spec
 from helpers import expect_cli_config_error, write_spec
 
 LOCAL = ["nodes=2", "gpus_per_node=2", "parallel.tp=2"]
@@ -23,7 +23,7 @@ LOCAL = ["nodes=2", "gpus_per_node=2", "parallel.tp=2"]
 def run_json(tmp_path: Path, overrides: list[str] | None = None, **fields: Any) -> dict[str, Any]:
     spec = write_spec(tmp_path, site="local", command=["python3", "train.py"], **fields)
     job = load_job(spec, LOCAL + (overrides or []))
-    return render_run(job.plan, tmp_path / "run", python="/usr/bin/python3", site_path=job.site_path).run_json
+    return render_run(job.plan, tmp_path / "run", python="/usr/bin/python3", site_path=job.site_path).run_json.to_dict()
 
 
 def checks_a_rank_runs(run: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:

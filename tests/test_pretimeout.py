@@ -17,8 +17,9 @@ from conftest import BACKEND_SITES
 from clusterctl.backends import get_backend
 from clusterctl.checkpoint import latest_committed
 from clusterctl.exitcodes import ExitCode
-from clusterctl.job import load_job
-from clusterctl.submit import submit_job
+from clusterctl.plan.job import load_job
+from clusterctl.actions.submit import submit_job
+from clusterctl.rundir import history
 
 
 def test_signal_to_the_batch_shell_saves_commits_and_exits_85(backend: str, tmp_path: Path) -> None:
@@ -46,7 +47,7 @@ def test_signal_to_the_batch_shell_saves_commits_and_exits_85(backend: str, tmp_
         time.sleep(0.2)
     scancel = ["scancel", "--signal=USR2", "--batch", done.job_id]
     if backend == "local":
-        from clusterctl.backends.localslurm import BIN_DIR  # the emulated scancel
+        from clusterctl.backends.local import BIN_DIR  # the emulated scancel
 
         scancel[0] = str(BIN_DIR / "scancel")
     subprocess.run(scancel, check=True)
@@ -55,7 +56,7 @@ def test_signal_to_the_batch_shell_saves_commits_and_exits_85(backend: str, tmp_
         assert time.monotonic() < deadline + 60
         time.sleep(0.3)
     log = (run.path / f"slurm-{done.job_id}.out").read_text()
-    events = [e for e in run.events() if e.get("job_id") == done.job_id]  # the continuation's come after
+    events = [e for e in history.read_events(run.events_file) if e.get("job_id") == done.job_id]  # the continuation's come after
     assert [e["event"] for e in events] == ["start", "signal", "end", "next"], log
     assert events[2]["exit"] == ExitCode.PRE_TIMEOUT, log
     assert events[3]["how"] == "continuation" and info.state == "COMPLETED", (events, info)  # a clean stop, not FAILED

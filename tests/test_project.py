@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from clusterctl.exitcodes import DESCRIPTIONS, ExitCode
-from clusterctl.spec import json_schema
+from clusterctl.config.spec import json_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,7 @@ def test_wheel_ships_templates_and_site_configs(tmp_path: Path) -> None:
     unpacked = tmp_path / "site-packages"
     zipfile.ZipFile(wheel).extractall(unpacked)
     probe = (
-        "import clusterctl.site as s, clusterctl.shipped as d; "
+        "import clusterctl.config.site as s, clusterctl.config.shipped as d; "
         "assert s.__file__.startswith(%r), s.__file__; "
         "print(sorted(s.shipped_sites())); print(d.shipped_dir('templates').is_dir())" % str(unpacked)
     )

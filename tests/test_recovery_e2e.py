@@ -23,10 +23,11 @@ from conftest import BACKEND_SITES, cancel_slurm_jobs_under
 from clusterctl import rundir
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
-from clusterctl.job import load_job
-from clusterctl.runcontrol import run_jobs
+from clusterctl.plan.job import load_job
+from clusterctl.actions.runjobs import run_jobs
 from clusterctl.rundir import RunDir
-from clusterctl.submit import Submitted, submit_job
+from clusterctl.actions.submit import Submitted, submit_job
+from clusterctl.rundir import history
 from helpers import cli
 
 INTERVAL = 10  # checkpoint.interval, steps
@@ -67,13 +68,13 @@ def history(run: RunDir) -> str:
 
 
 def nexts(run: RunDir) -> list[dict[str, Any]]:
-    return [e for e in run.events() if e.get("event") == rundir.EVENT_NEXT]
+    return [e for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_NEXT]
 
 
 def run_stopped(run: RunDir) -> dict[str, Any] | None:
     """The `next` event that ended the run (finished, stopped), if it came."""
     found = nexts(run)
-    return found[-1] if found and found[-1]["how"] in (rundir.NEXT_STOP, rundir.NEXT_SLURM) else None
+    return found[-1] if found and found[-1]["how"] in (history.NEXT_STOP, history.NEXT_SLURM) else None
 
 
 def drill(run: RunDir, *args: str) -> dict[str, Any]:
@@ -120,14 +121,14 @@ def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(b
     assert report["code"] == ExitCode.SCRIPT_FAILED
     stop = wait_for("the run to finish", lambda: run_stopped(run), run=run)
     first = nexts(run)[0]
-    assert first["how"] == rundir.NEXT_ALLOCATION and first["exit"] == ExitCode.SCRIPT_FAILED and first["counted"]
+    assert first["how"] == history.NEXT_ALLOCATION and first["exit"] == ExitCode.SCRIPT_FAILED and first["counted"]
     hosts = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"]
     assert first["hosts"] == hosts  # a first script failure retries in place
     committed = first["committed_step"]
     assert committed is not None and (committed + 1) % INTERVAL == 0
     assert first_step(run, 2) == committed + 1  # resumed right after the newest committed checkpoint
-    assert stop["how"] == rundir.NEXT_STOP and stop["exit"] == 0, history(run)
-    assert {e["job_id"] for e in run.events() if e.get("event") == rundir.EVENT_START} == {done.job_id}
+    assert stop["how"] == history.NEXT_STOP and stop["exit"] == 0, history(run)
+    assert {e["job_id"] for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_START} == {done.job_id}
     nothing_left(backend, run)
     info = get_backend(backend).info(done.job_id)
     assert info is None or info.state == "COMPLETED"
@@ -149,7 +150,7 @@ def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path)
     before = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())
     culprit = before["hosts"][0]
     restart = wait_for("the restart", lambda: nexts(run), run=run)[0]
-    assert restart["how"] == rundir.NEXT_ALLOCATION and restart["exclude"] == [culprit]
+    assert restart["how"] == history.NEXT_ALLOCATION and restart["exclude"] == [culprit]
     spare = next(iter(set(restart["hosts"]) - set(before["hosts"])))
     # In the allocation's order, as srun places the ranks (rank 0 now runs on the other node).
     assert restart["hosts"] == [before["hosts"][1], spare] and restart["replaced"] == {culprit: spare}
@@ -171,7 +172,7 @@ def test_a_lost_node_without_a_spare_continues_in_a_new_job_that_excludes_it(bac
     report = drill(run, "--node", lost)
     assert report["code"] == ExitCode.NODE_LOST
     step = wait_for("the continuation", lambda: nexts(run), run=run)[0]
-    assert step["how"] == rundir.NEXT_CONTINUATION and step["exclude"] == [lost] and step["counted"]
+    assert step["how"] == history.NEXT_CONTINUATION and step["exclude"] == [lost] and step["counted"]
     job2 = step["next_job"]
     wait_for("attempt 2", lambda: (run.attempt(2) / rundir.ATTEMPT_JSON).exists(), run=run)
     second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
@@ -191,7 +192,7 @@ def test_a_pre_timeout_stop_continues_uncounted_and_the_job_is_not_failed(backen
     report = drill(run, "--pre-timeout")
     assert report["code"] == ExitCode.PRE_TIMEOUT
     step = wait_for("the continuation", lambda: nexts(run), run=run)[0]
-    assert step["how"] == rundir.NEXT_CONTINUATION and not step["counted"] and step["exit"] == ExitCode.PRE_TIMEOUT
+    assert step["how"] == history.NEXT_CONTINUATION and not step["counted"] and step["exit"] == ExitCode.PRE_TIMEOUT
     be = get_backend(backend)
     info = wait_for("job 1 to end", lambda: (i := be.info(done.job_id)) and i.finished and i, run=run)
     assert info.state == "COMPLETED" and info.exit_code == 0  # a clean stop is not a failure
@@ -211,7 +212,7 @@ def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Pat
     nothing_left(backend, run)
     time.sleep(3)  # a continuation, had one been submitted, would be queued by now
     assert run_jobs(run) == [done.job_id], history(run)
-    assert not any(e.get("how") == rundir.NEXT_CONTINUATION for e in nexts(run))
+    assert not any(e.get("how") == history.NEXT_CONTINUATION for e in nexts(run))
     assert run.attempts() == [1]
     st = status(run)
     assert st["state"] == "cancelled", st
@@ -227,8 +228,8 @@ def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, 
     nothing_left(backend, run)
     report = json.loads(result.stdout)
     assert report["cancelled"] or report["stopped"]
-    cancel_at = next(e["time"] for e in run.events() if e.get("event") == rundir.EVENT_CANCEL)
-    late = [e for e in run.events() if e.get("event") == rundir.EVENT_START and e["time"] > cancel_at + 1]
+    cancel_at = next(e["time"] for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_CANCEL)
+    late = [e for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_START and e["time"] > cancel_at + 1]
     assert not late, history(run)
     assert (run.path / rundir.CANCEL).exists()
 
@@ -286,7 +287,7 @@ def test_a_node_lost_for_real_is_replaced_by_the_spare_inside_the_allocation(
     try:
         slurm_lab.kill_node(lost)
         restart = wait_for("the restart", lambda: nexts(run), 150, run)[0]
-        assert restart["how"] == rundir.NEXT_ALLOCATION and restart["exit"] == ExitCode.NODE_LOST, history(run)
+        assert restart["how"] == history.NEXT_ALLOCATION and restart["exit"] == ExitCode.NODE_LOST, history(run)
         assert restart["exclude"] == [lost] and list(restart["replaced"]) == [lost]
         assert restart["hosts"][0] == before["hosts"][0] and restart["hosts"][1] not in before["hosts"]
         assert first_step(run, 2) == restart["committed_step"] + 1

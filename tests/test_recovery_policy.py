@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.recovery import Ended, Fault, Policy, Situation, decide, pick_hosts
+from clusterctl.rundir.history import Fault
+from clusterctl.runtime.recovery import Ended, Policy, Situation, decide, pick_hosts
+from clusterctl.rundir import history
 
 ALLOC = ("n1", "n2", "n3")  # two nodes needed, one spare
 
@@ -88,15 +90,15 @@ def test_begin_records_the_end_of_an_attempt_whose_batch_host_died(tmp_path, cap
 
     run = RunDir(tmp_path)
     (tmp_path / "run.json").write_text('{"exclude": ["n4"], "restart": {"budget": 3}}')
-    run.append_event("start", attempt=1, job_id="5")
-    run.append_event("next", attempt=0, job_id="5", how="allocation", exclude=["n4", "n2"], counted=True, exit=82)
+    history.append(run, "start", attempt=1, job_id="5")
+    history.append(run, "next", attempt=0, job_id="5", how="allocation", exclude=["n4", "n2"], counted=True, exit=82)
     monkeypatch.setattr(nextattempt, "slurm_job", lambda job: {"JobState": "NODE_FAIL", "Reason": "None"} if job == "5" else {})
     monkeypatch.setenv("SLURM_JOB_ID", "6")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-4]")
     assert nextattempt.main(["begin", "--run-dir", str(tmp_path), "--nodes", "2"]) == 0
     out = capsys.readouterr().out
     assert "ACTION=run" in out and "NEXT_HOSTS=(n1 n3)" in out  # the run's excluded nodes are avoided
-    end = [e for e in run.events() if e["event"] == "end"]
+    end = [e for e in history.read_events(run.events_file) if e["event"] == "end"]
     assert end[0]["attempt"] == 1 and end[0]["exit"] is None and end[0]["slurm_state"] == "NODE_FAIL"
     assert "job 5" in end[0]["reason"]
 
@@ -111,4 +113,5 @@ def test_begin_of_a_cancelled_run_starts_nothing(tmp_path, capsys, monkeypatch) 
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     nextattempt.main(["begin", "--run-dir", str(tmp_path), "--nodes", "2"])
     assert "ACTION=exit" in capsys.readouterr().out
-    assert RunDir(tmp_path).events()[-1]["how"] == "stop"
+    told = history.read(RunDir(tmp_path))
+    assert told.stopped and told.cancelled_by == "clusterctl cancel"

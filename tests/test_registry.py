@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.registry import judge
+from clusterctl.runtime.admission import judge
 
 HOSTS = ["n1", "n2"]
 TOKEN = "tok"

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from clusterctl.report import build_report, collect
-from clusterctl.report.load import read_metrics
-from clusterctl.report.plots import FILES
-from clusterctl.report.stats import WARMUP_STEPS
-from clusterctl.report.synth import STRAGGLER_FACTOR, write_synthetic_run
-from clusterctl.report.timeline import CATEGORIES, read_timeline
+from clusterctl.views.report import build_report, collect
+from clusterctl.views.report.load import read_metrics
+from clusterctl.views.report.plots import FILES
+from clusterctl.views.report.stats import WARMUP_STEPS
+from clusterctl.testing.runsynth import STRAGGLER_FACTOR, write_synthetic_run
+from clusterctl.views.report.timeline import CATEGORIES, read_timeline
 from clusterctl.rundir import RunDir
 from helpers import cli
 
@@ -229,7 +229,7 @@ def test_without_matplotlib_the_figures_are_printed_and_exit_69(straggler_run: P
 
 
 def test_the_run_record_is_shown_when_there_is_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "clusterctl.runrecord", None)  # the module's absence: the attempt's record.json is used
+    monkeypatch.setitem(sys.modules, "clusterctl.views.record", None)  # the module's absence: the attempt's record.json is used
     run = _minimal_run(tmp_path)
     (run / "attempt-1" / "record.json").write_text(json.dumps({"training": {"seed": 1234, "optimizer": "adamw"}}))
     out = tmp_path / "out"
@@ -244,7 +244,7 @@ def test_the_trainers_own_metrics_lines_keep_their_validation_loss(tmp_path: Pat
 
     import numpy as np
 
-    from clusterctl.report.load import read_metrics
+    from clusterctl.views.report.load import read_metrics
 
     with tarfile.open(Path(__file__).resolve().parent / "fixtures" / "run-killed-rank.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from clusterctl import runrecord, rundir
+from clusterctl.views import record as runrecord
+from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
 from clusterctl.runtime.rankinfo import recorded_env
+from clusterctl.rundir import history
 from helpers import cli
 
 GROUPS = ("training", "data", "recovery", "environment")
@@ -77,8 +79,8 @@ def test_an_attempt_assembles_registrations_switches_and_the_trainers_part(tmp_p
                                               "resumed_from": {"step": 10, "path": "/ck/step-00000010"}, "how": "resumed"},
                                  "data": {"resumed_position": {"epoch": 0, "data_position": 22}},
                                  "training": {"seeds": {"model_init": 5}}})
-    run.append_event(rundir.EVENT_NEXT, attempt=1, how=rundir.NEXT_ALLOCATION, exit=84, committed_step=10)
-    run.append_event(rundir.EVENT_START, attempt=2, job_id="7")
+    history.append(run, history.EVENT_NEXT, attempt=1, how=history.NEXT_ALLOCATION, exit=84, committed_step=10)
+    history.append(run, history.EVENT_START, attempt=2, job_id="7")
     record = runrecord.load(run)
     assert record["attempt"] == 2
     nodes = {n["host"]: n for n in record["environment"]["nodes"]}
@@ -136,7 +138,7 @@ def git(repo: Path, *args: str) -> None:
 
 
 def ended(run: RunDir, attempt: int) -> bool:
-    return any(e.get("event") == rundir.EVENT_NEXT and e.get("attempt") == attempt for e in run.events())
+    return any(e.get("event") == history.EVENT_NEXT and e.get("attempt") == attempt for e in history.read_events(run.events_file))
 
 
 def wait_for(what: str, check: Any, run: RunDir, timeout: float = 120) -> None:
@@ -144,7 +146,7 @@ def wait_for(what: str, check: Any, run: RunDir, timeout: float = 120) -> None:
     while not check():
         if time.monotonic() > deadline:
             logs = "\n".join(p.read_text()[-3000:] for p in run.path.glob("slurm-*.out"))
-            pytest.fail(f"{what}: not within {timeout} s\n{run.events()}\n{logs}")
+            pytest.fail(f"{what}: not within {timeout} s\n{history.read_events(run.events_file)}\n{logs}")
         time.sleep(0.3)
 
 
@@ -157,8 +159,8 @@ def record_json(run: RunDir, *args: str) -> dict[str, Any]:
 def test_a_real_run_records_what_its_ranks_saw_and_its_requeue_what_it_resumed_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from clusterctl.job import load_job
-    from clusterctl.submit import submit_job
+    from clusterctl.plan.job import load_job
+    from clusterctl.actions.submit import submit_job
 
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
     repo = tmp_path / "src"
@@ -215,7 +217,7 @@ def test_a_real_run_records_what_its_ranks_saw_and_its_requeue_what_it_resumed_f
     assert recovery["resumed"] is True and recovery["start_step"] == 2
     assert recovery["resumed_from"]["step"] == 1 and recovery["resumed_from"]["path"].endswith("step-00000001")
     assert recovery["resumed_from"]["format"] == "clusterctl-checkpoint/1" and not recovery["resumed_from"]["resharded"]
-    assert recovery["begun_by"]["event"] == rundir.EVENT_REQUEUE
+    assert recovery["begun_by"]["event"] == history.EVENT_REQUEUE
     assert second["data"]["resumed_position"] == {"epoch": committed["epoch"], "data_position": committed["data_position"]}
     assert second["data"]["sampler"]["state"]["position"] == committed["data_position"] == 2
     assert record_json(run, "--attempt", "1")["recovery"]["resumed"] is False  # each attempt keeps its own record

@@ -17,9 +17,11 @@ from clusterctl import rundir
 from clusterctl.backends.base import Backend, JobInfo
 from clusterctl.cli import app
 from clusterctl.exitcodes import ExitCode
-from clusterctl.metricsfile import MetricsFile
+from clusterctl.rundir.metrics import MetricsFile
 from clusterctl.rundir import RunDir
-from clusterctl.runstate import derive, derive_many, list_runs, wanted_job
+from clusterctl.rundir import list_runs
+from clusterctl.views.state import derive, derive_many, wanted_job
+from clusterctl.rundir import history
 from tests.helpers import cli
 
 T0 = 1_800_000_000.0
@@ -38,7 +40,7 @@ class Run:
         self.job = job
 
     def event(self, event: str, **fields: Any) -> "Run":
-        self.dir.append_event(event, **fields)
+        history.append(self.dir, event, **fields)
         return self
 
     def attempt(self, n: int, start: float, first: int, last: int, job: str | None = None, hosts: tuple[str, ...] = ("n1", "n2"),
@@ -48,7 +50,7 @@ class Run:
         d.mkdir()
         (d / rundir.ATTEMPT_JSON).write_text(json.dumps({"job_id": job, "attempt": n, "hosts": list(hosts),
                                                          "nodelist": f"n[1-{len(hosts)}]", "spares": 0, "started": start}))
-        self.event(rundir.EVENT_START, attempt=n, job_id=job, time=start, nodes=len(hosts))
+        self.event(history.EVENT_START, attempt=n, job_id=job, time=start, nodes=len(hosts))
         lines = []
         for i, step in enumerate(range(first, last + 1)):
             lines.append(json.dumps({"step": step, "loss": 5.0 - step / 100, "step_s": step_s, "tokens_per_s": 1000.0,
@@ -62,8 +64,8 @@ class Run:
 
     def end(self, n: int, code: int, at: float, how: str, reason: str, job: str | None = None, **more: Any) -> "Run":
         job = job or self.job
-        self.event(rundir.EVENT_END, attempt=n, job_id=job, exit=code, time=at)
-        return self.event(rundir.EVENT_NEXT, attempt=n, job_id=job, exit=code, how=how, reason=reason, time=at, **more)
+        self.event(history.EVENT_END, attempt=n, job_id=job, exit=code, time=at)
+        return self.event(history.EVENT_NEXT, attempt=n, job_id=job, exit=code, how=how, reason=reason, time=at, **more)
 
     def checkpoint(self, step: int) -> "Run":
         (self.dir.checkpoints / f"step-{step:08d}").mkdir(parents=True)
@@ -96,7 +98,7 @@ def test_a_verdict_being_carried_out_is_restarting_and_names_the_culprit(tmp_pat
     assert st.state == "restarting" and "rank 3 on n2 hung" in st.reason
     assert st.attempts[0].culprits == HANG["culprits"]
     # The next attempt is starting (no step yet): the first one keeps only what the checkpoint holds.
-    run.checkpoint(29).end(1, ExitCode.HANG, T0 + 28, rundir.NEXT_ALLOCATION, "exit 82 (hang); restarting in the allocation")
+    run.checkpoint(29).end(1, ExitCode.HANG, T0 + 28, history.NEXT_ALLOCATION, "exit 82 (hang); restarting in the allocation")
     run.attempt(2, T0 + 30, 0, -1)
     st = derive(run.dir, {"100": JobInfo("100", "RUNNING")})
     assert st.state == "starting" and (st.attempts[0].steps, st.attempts[0].kept_steps) == (40, 30)
@@ -106,22 +108,25 @@ def test_restart_in_the_allocation_keeps_what_was_committed_and_counts_the_rest_
     # Attempt 1 trains steps 0-39 (20 s), hangs; the verdict and restart take until T0+30; attempt 2 resumes
     # at 30 (checkpoint 29 committed) and finishes 30-99 (35 s) by T0+69.
     run = Run(tmp_path).attempt(1, T0, 0, 39, verdict=HANG)
-    run.end(1, ExitCode.HANG, T0 + 28, rundir.NEXT_ALLOCATION, "exit 82 (hang); restarting in the allocation", committed_step=29)
-    run.attempt(2, T0 + 30, 30, 99).end(2, 0, T0 + 69, rundir.NEXT_STOP, "training finished").checkpoint(29).checkpoint(99)
+    run.end(1, ExitCode.HANG, T0 + 28, history.NEXT_ALLOCATION, "exit 82 (hang); restarting in the allocation", committed_step=29)
+    run.attempt(2, T0 + 30, 30, 99).end(2, 0, T0 + 69, history.NEXT_STOP, "training finished").checkpoint(29).checkpoint(99)
     st = derive(run.dir, {}, now=T0 + 1000)
     assert (st.state, st.exit_code, st.checkpoint, st.step) == ("completed", 0, 99, 99)
     first, second = st.attempts
     assert (first.exit_code, first.next, first.steps, first.kept_steps, first.kept_s) == (82, "allocation", 40, 30, 15.0)
     assert (second.first_step, second.kept_steps, second.kept_s, second.meaning) == (30, 70, 35.0, "success")
-    # Allocated: 4 GPUs x 69 s (the restart gap belongs to the allocation); kept: 4 ranks x (15 + 35) s.
+    # Allocated: 4 GPUs x 69 s (the restart gap belongs to the allocation); kept (useful): 4 ranks x (15 + 35) s;
+    # start-up: 2 s before each attempt's first step; lost: the 10 steps (5 s) redone; other: the rest (the
+    # time after attempt 1's last step, the restart gap, the wind-down).
     assert st.goodput == pytest.approx(round(200 / 276, 4))
-    assert st.lost_gpu_hours == pytest.approx(round(76 / 3600, 4))
+    hours = (st.useful_gpu_hours, st.startup_gpu_hours, st.lost_gpu_hours, st.other_gpu_hours, st.allocated_gpu_hours)
+    assert hours == pytest.approx(tuple(round(x / 3600, 4) for x in (200, 16, 20, 40, 276)))
     assert wanted_job(run.dir) is None  # a stopped run needs no scheduler
 
 
 def test_a_continuation_waits_with_slurms_reason_then_its_attempt_trains(tmp_path: Path) -> None:
     run = Run(tmp_path).attempt(1, T0, 0, 49, hosts=("n1", "n2"))
-    run.end(1, ExitCode.NODE_LOST, T0 + 40, rundir.NEXT_CONTINUATION, "node n2 lost; continuing in a new job", next_job="101",
+    run.end(1, ExitCode.NODE_LOST, T0 + 40, history.NEXT_CONTINUATION, "node n2 lost; continuing in a new job", next_job="101",
             committed_step=39)
     assert wanted_job(run.dir) == "101"
     st = derive(run.dir, {"101": JobInfo("101", "PENDING", reason="Dependency")}, now=T0 + 41)
@@ -144,18 +149,18 @@ def test_a_batch_script_that_died_with_its_job_is_failed_from_the_run_directory_
 
 def test_stops_read_as_the_user_means_them(tmp_path: Path) -> None:
     failed = Run(tmp_path, name="budget").attempt(1, T0, 0, 9, verdict=HANG)
-    failed.end(1, ExitCode.BUDGET_EXHAUSTED, T0 + 9, rundir.NEXT_STOP, "exit 82 (hang); restart.budget 0 is spent")
+    failed.end(1, ExitCode.BUDGET_EXHAUSTED, T0 + 9, history.NEXT_STOP, "exit 82 (hang); restart.budget 0 is spent")
     st = derive(failed.dir, {})
     assert (st.state, st.exit_code) == ("failed", 87) and "restart.budget 0" in st.reason
     assert st.attempts[0].culprits[0]["host"] == "n2"
 
     timeout = Run(tmp_path, name="timeout").attempt(1, T0, 0, 9)
-    timeout.end(1, ExitCode.PRE_TIMEOUT, T0 + 9, rundir.NEXT_STOP, "pre-timeout: checkpoint step 9 committed; restart.mode none")
+    timeout.end(1, ExitCode.PRE_TIMEOUT, T0 + 9, history.NEXT_STOP, "pre-timeout: checkpoint step 9 committed; restart.mode none")
     st = derive(timeout.dir, {})
     assert st.state == "cancelled" and st.exit_code == 85 and "clusterctl requeue continues it" in st.reason  # not failed
 
-    cancelled = Run(tmp_path, name="cancelled").attempt(1, T0, 0, 9).event(rundir.EVENT_CANCEL, by="clusterctl cancel", save=False)
-    cancelled.end(1, ExitCode.SCRIPT_FAILED, T0 + 9, rundir.NEXT_STOP, "stopped: by clusterctl cancel")
+    cancelled = Run(tmp_path, name="cancelled").attempt(1, T0, 0, 9).event(history.EVENT_CANCEL, by="clusterctl cancel", save=False)
+    cancelled.end(1, ExitCode.SCRIPT_FAILED, T0 + 9, history.NEXT_STOP, "stopped: by clusterctl cancel")
     assert derive(cancelled.dir, {}).state == "cancelled"
 
     scancelled = Run(tmp_path, name="scancelled").attempt(1, T0, 0, 9)  # scancel: the batch script died too
@@ -168,9 +173,9 @@ def test_stops_read_as_the_user_means_them(tmp_path: Path) -> None:
 
 
 def test_requeue_by_hand_after_a_cancel_goes_on(tmp_path: Path) -> None:
-    run = Run(tmp_path).attempt(1, T0, 0, 9).event(rundir.EVENT_CANCEL, by="clusterctl cancel", save=True)
-    run.end(1, ExitCode.PRE_TIMEOUT, T0 + 9, rundir.NEXT_STOP, "stopped: by clusterctl cancel")
-    run.event(rundir.EVENT_REQUEUE, by="clusterctl requeue", next_job="102", exclude=[])
+    run = Run(tmp_path).attempt(1, T0, 0, 9).event(history.EVENT_CANCEL, by="clusterctl cancel", save=True)
+    run.end(1, ExitCode.PRE_TIMEOUT, T0 + 9, history.NEXT_STOP, "stopped: by clusterctl cancel")
+    run.event(history.EVENT_REQUEUE, by="clusterctl requeue", next_job="102", exclude=[])
     st = derive(run.dir, {"102": JobInfo("102", "PENDING", reason="Priority")})
     assert st.state == "continued" and st.job_id == "102" and "Priority" in st.reason
 
@@ -197,7 +202,7 @@ def test_many_runs_cost_one_scheduler_query_and_finished_runs_none(tmp_path: Pat
     for i in range(12):
         run = Run(tmp_path, name=f"r{i:02d}", stamp=f"20270115-1200{i:02d}", job=str(200 + i)).attempt(1, T0, 0, 5)
         if i % 3 == 0:
-            run.end(1, 0, T0 + 5, rundir.NEXT_STOP, "training finished")
+            run.end(1, 0, T0 + 5, history.NEXT_STOP, "training finished")
     backend = CountingBackend({str(200 + i): JobInfo(str(200 + i), "RUNNING") for i in range(12)})
     runs = list_runs(tmp_path)
     assert [r.path.name[:3] for r in runs] == [f"r{i:02d}" for i in reversed(range(12))]  # newest first
@@ -222,7 +227,7 @@ def test_metrics_lookups_survive_torn_lines(tmp_path: Path) -> None:
 
 def test_status_and_runs_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = Run(tmp_path / "runs", backend="local", job="7").attempt(1, T0, 0, 39, verdict=HANG)
-    run.end(1, ExitCode.BUDGET_EXHAUSTED, T0 + 28, rundir.NEXT_STOP, "exit 82 (hang); restart.budget 0 is spent")
+    run.end(1, ExitCode.BUDGET_EXHAUSTED, T0 + 28, history.NEXT_STOP, "exit 82 (hang); restart.budget 0 is spent")
     monkeypatch.chdir(tmp_path)
     result = cli("status", "--json")
     assert result.exit_code == 0, result.output
@@ -246,7 +251,7 @@ def test_a_standalone_run_ends_with_its_one_attempt(tmp_path: Path) -> None:
     run = Run(tmp_path).attempt(1, T0, 0, 9)
     data = json.loads(run.dir.run_json.read_text())
     (run.dir.run_json).write_text(json.dumps({**data, "mode": "standalone"}))
-    run.event(rundir.EVENT_END, attempt=1, job_id="100", exit=ExitCode.SCRIPT_FAILED, time=T0 + 9)
+    run.event(history.EVENT_END, attempt=1, job_id="100", exit=ExitCode.SCRIPT_FAILED, time=T0 + 9)
     assert wanted_job(run.dir) is None
     st = derive(run.dir, {})
     assert (st.state, st.exit_code) == ("failed", 84) and "a rank's script failed" in st.reason
@@ -274,7 +279,7 @@ def test_status_watch_refreshes_until_the_run_ends(tmp_path: Path, monkeypatch: 
 
     run = Run(tmp_path / "runs").attempt(1, T0, 0, 19)
     monkeypatch.setenv("PATH", str(tmp_path))  # squeue cannot be found: status says so and goes on
-    finish = threading.Timer(1.5, lambda: run.end(1, 0, T0 + 30, rundir.NEXT_STOP, "training finished"))
+    finish = threading.Timer(1.5, lambda: run.end(1, 0, T0 + 30, history.NEXT_STOP, "training finished"))
     finish.start()
     began = time.monotonic()
     result = cli("status", "--watch", "--every", "0.3", cwd=tmp_path)

@@ -16,12 +16,13 @@ import pytest
 
 from conftest import BACKEND_SITES
 
-from clusterctl import rankmanifest, rundir
+from clusterctl.rundir import rankmanifest
+from clusterctl import rundir
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
-from clusterctl.job import load_job
-from clusterctl.spec import DEFAULT_PREFLIGHT
-from clusterctl.submit import submit_job
+from clusterctl.plan.job import load_job
+from clusterctl.config.spec import DEFAULT_PREFLIGHT
+from clusterctl.actions.submit import submit_job
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "programs" / "faults"

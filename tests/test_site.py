@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterctl.cpulist import format_cpulist, parse_cpulist
+from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 from clusterctl.errors import OMIT
-from clusterctl.site import LINUX_EPHEMERAL, load_site, shipped_sites
+from clusterctl.config.site import LINUX_EPHEMERAL, load_site, shipped_sites
 from helpers import (
     REPO,
     assert_names,

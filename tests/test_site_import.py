@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from clusterctl.errors import ConfigError
-from clusterctl.site import load_site
+from clusterctl.config.site import load_site
 from clusterctl.siteimport.nvsmi import clean, parse_topo
 from helpers import REPO, cli, expect_cli_config_error
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from clusterctl.site import load_site
+from clusterctl.config.site import load_site
 from helpers import cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "siteimport"

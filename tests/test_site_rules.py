@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterctl.cpulist import format_cpulist, parse_cpulist
-from clusterctl.site import load_site, rail_optimized, shipped_sites, site_warnings
+from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
+from clusterctl.config.site import load_site, rail_optimized, shipped_sites, site_warnings
 from clusterctl.siteimport.build import GpuFacts, NicFacts, NodeFacts, assign_nics, guess_kind
 from clusterctl.siteimport.checks import binding_problems, wrapper_arrays
 from clusterctl.siteimport.cpus import CpuSplitError, cores_of, disjoint_sets, sibling_offset, split_cpus

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.backends.slurm import SlurmBackend
-from clusterctl.binding import binding_table, rank_env
+from clusterctl.backends.slurm.backend import SlurmBackend
+from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.job import load_job
+from clusterctl.plan.job import load_job
 from clusterctl.rundir import RunDir
-from clusterctl.submit import submit_job
+from clusterctl.actions.submit import submit_job
+from clusterctl.rundir import history
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +131,7 @@ def test_failing_rank_ends_the_job_with_the_script_code(lab_env, tmp_path: Path)
     assert time.monotonic() - started < 80  # --kill-on-bad-exit, not the 120 s sleeps
     # 84, a restart in place, 84 again with no checkpoint in between: restarting cannot help (87).
     assert info.state == "FAILED" and info.exit_code == ExitCode.BUDGET_EXHAUSTED
-    events = done.run.events()
+    events = history.read_events(done.run.events_file)
     assert [e["exit"] for e in events if e["event"] == "end"] == [ExitCode.SCRIPT_FAILED, ExitCode.BUDGET_EXHAUSTED]
     nexts = [e for e in events if e["event"] == "next"]
     assert [e["how"] for e in nexts] == ["allocation", "stop"] and "no progress" in nexts[-1]["reason"]
@@ -197,7 +198,7 @@ SAME_KEYS = (
 
 def test_local_backend_gives_the_same_rank_env(lab_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """The same 2 x 2 job on the real cluster and on the local backend: the ranks see the same world."""
-    from clusterctl.backends.local import LocalBackend
+    from clusterctl.backends.local.backend import LocalBackend
 
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
     seen = {}
@@ -222,7 +223,7 @@ def test_local_backend_gives_the_same_rank_env(lab_env, tmp_path: Path, monkeypa
 
 def test_standalone_scripts_run_with_plain_sbatch(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
     """What an admin does: render --standalone, then sbatch the script; no clusterctl on the nodes."""
-    from clusterctl.runfiles import write_rendered
+    from clusterctl.render.runfiles import write_rendered
 
     out = tmp_path / "templates"
     job = load_job(lab_spec(tmp_path))

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl import rankmanifest, rundir
-from clusterctl.job import load_job
-from clusterctl.spec import DEFAULT_PREFLIGHT
-from clusterctl.submit import submit_job
+from clusterctl.rundir import rankmanifest
+from clusterctl import rundir
+from clusterctl.plan.job import load_job
+from clusterctl.config.spec import DEFAULT_PREFLIGHT
+from clusterctl.actions.submit import submit_job
 from test_slurm_submit import lab_spec
 from tests.slurmlab.plugin import SlurmLab, wait_job
 

@@ -16,9 +16,9 @@ import pytest
 from pydantic import ValidationError
 
 from clusterctl.errors import MISSING, OMIT, ConfigError
-from clusterctl.job import load_job
-from clusterctl.site import shipped_sites
-from clusterctl.spec import DEFAULT_PREFLIGHT, JobSpec, load_spec
+from clusterctl.plan.job import load_job
+from clusterctl.config.site import shipped_sites
+from clusterctl.config.spec import DEFAULT_PREFLIGHT, JobSpec, load_spec
 from helpers import (
     EXAMPLE_FILES,
     EXAMPLES,

@@ -25,13 +25,15 @@ from submitit.core.utils import DelayedSubmission, FailedJobError, UncompletedJo
 
 from conftest import BACKEND_SITES
 
-from clusterctl import rundir, runstate
+from clusterctl import rundir
+from clusterctl.views import state as runstate
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit import ClusterctlExecutor, ClusterctlJob, ClusterctlJobEnvironment
 from clusterctl.integrations.submitit.executor import COMMAND, lead_for, submitit_state
 from clusterctl.integrations.submitit.paths import RunPaths
 from clusterctl.integrations.submitit.stop import decide
+from clusterctl.rundir import history
 from helpers import cli
 
 # The ranks import this module's functions by value: it is not importable there.
@@ -255,8 +257,8 @@ def test_a_checkpointable_function_resumes_after_the_pre_timeout_signal(backend:
     resumed = {r["resumed_from"] for r in results}
     assert len(resumed) == 1 and 0 < resumed.pop() < 60 and {r["attempt"] for r in results} == {2}
     run = rundir.RunDir(job.run_dir)
-    step = next(e for e in run.events() if e.get("event") == rundir.EVENT_NEXT)
-    assert step["how"] == rundir.NEXT_CONTINUATION and step["exit"] == ExitCode.PRE_TIMEOUT and not step["counted"]
+    step = next(e for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_NEXT)
+    assert step["how"] == history.NEXT_CONTINUATION and step["exit"] == ExitCode.PRE_TIMEOUT and not step["counted"]
     second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
     assert second["job_id"] == step["next_job"] != json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["job_id"]
     assert job.state == "COMPLETED"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from clusterctl import suspects
-from clusterctl.site import load_site
-from clusterctl.suspects import FILE, Suspect
+from clusterctl.rundir import suspects
+from clusterctl.config.site import load_site
+from clusterctl.rundir.suspects import FILE, Suspect
 from helpers import REPO, assert_names, cli, expect_cli_config_error, expect_config_error, write_yaml
 from test_submit import spec_file as submit_spec
 
@@ -84,7 +84,7 @@ WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from clusterctl import suspects
+    from clusterctl.rundir import suspects
     root, who, start = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
     time.sleep(max(0.0, start - time.time()))  # all begin together
     for i in range(150):

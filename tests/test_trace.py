@@ -13,7 +13,7 @@ import pytest
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
-from clusterctl.trace import build_trace, write_trace
+from clusterctl.views.chrometrace import build_trace, write_trace
 from tests.helpers import cli
 
 # A recorded run (the quickstart trainer, rank 1 killed at about step 120, restarted in the allocation), checkpoints left out.

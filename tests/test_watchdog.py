@@ -12,7 +12,7 @@ import random
 import pytest
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.blame import Facts, judge_end, parse_srun_lines
+from clusterctl.runtime.blame import Facts, blame_end, parse_srun_lines
 from clusterctl.runtime.watchdog import HANG_FLOOR_S, HANG_MULTIPLE, Settings, Watchdog
 
 HOSTS = ["n1", "n2"]
@@ -210,7 +210,7 @@ def test_a_killed_rank_is_the_culprit_not_the_ranks_that_saw_it_go() -> None:
         srun=parse_srun_lines(KILLED),
         deaths={2: 10.0, 3: 10.05, 0: 10.06, 1: 10.07},
     )
-    blame = judge_end(facts)
+    blame = blame_end(facts)
     assert blame is not None and blame.code == ExitCode.SCRIPT_FAILED
     assert [c["rank"] for c in blame.culprits] == [2]
     assert blame.culprits[0] == {"rank": 2, "host": "n2", "gpu": 0, "reason": "killed by a signal (Killed) before any peer failed"}
@@ -229,7 +229,7 @@ srun: error: n2: tasks 2-3: Terminated""".splitlines()
         errors={0: "RuntimeError: Connection reset by peer", 1: "Traceback ...\nValueError: bad batch shape (3, 7)"},
         srun=parse_srun_lines(lines),
     )
-    blame = judge_end(facts)
+    blame = blame_end(facts)
     assert [c["rank"] for c in blame.culprits] == [1]
     assert "ValueError: bad batch shape" in blame.culprits[0]["reason"]
     assert sorted(v["rank"] for v in blame.victims) == [0, 2, 3]
@@ -240,7 +240,7 @@ def test_a_node_whose_aggregator_and_ranks_vanished_is_lost() -> None:
 srun: launch/slurm: _step_signal: Terminating StepId=1.0
 srun: error: n1: tasks 0-1: Terminated""".splitlines()
     facts = Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines), lost_nodes={"n2": 5.0})
-    blame = judge_end(facts)
+    blame = blame_end(facts)
     assert blame.code == ExitCode.NODE_LOST
     assert [(c["rank"], c["host"]) for c in blame.culprits] == [(2, "n2"), (3, "n2")]
     assert sorted(v["rank"] for v in blame.victims) == [0, 1]
@@ -249,13 +249,13 @@ srun: error: n1: tasks 0-1: Terminated""".splitlines()
 def test_an_aggregator_gone_while_its_ranks_live_is_not_a_lost_node() -> None:
     lines = ["srun: error: n1: task 0: Killed"]
     facts = Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines), lost_nodes={"n2": 5.0})
-    blame = judge_end(facts)
+    blame = blame_end(facts)
     assert blame.code == ExitCode.SCRIPT_FAILED and [c["rank"] for c in blame.culprits] == [0]
 
 
 def test_ranks_that_stopped_on_request_are_no_failure() -> None:
     lines = ["srun: error: n1: tasks 0-1: Exited with exit code 85", "srun: error: n2: tasks 2-3: Exited with exit code 85"]
-    assert judge_end(Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines))) is None
+    assert blame_end(Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines))) is None
 
 
 def test_a_rank_silent_before_the_first_step_is_a_hang_after_the_configured_timeout() -> None:
@@ -320,6 +320,6 @@ def test_a_node_that_died_with_its_aggregator_is_lost_though_its_ranks_were_neve
              "srun: error: Node failure on n2", "srun: error: n1: task 1: Killed"]
     facts = Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines), lost_nodes={"n2": 5.0, "n1": 31.0},
                   failed_nodes={"n2"}, errors={0: "RuntimeError: Connection closed by peer"})
-    verdict = judge_end(facts)
+    verdict = blame_end(facts)
     assert verdict.code == ExitCode.NODE_LOST and [c["rank"] for c in verdict.culprits] == [2, 3]
     assert verdict.evidence["node"] == "n2" and 0 in [v["rank"] for v in verdict.victims]

@@ -12,11 +12,11 @@ BACKENDS = ("slurm", "local")
 def get_backend(name: str) -> Backend:
     """The backend called `name` (slurm, local)."""
     if name == "slurm":
-        from clusterctl.backends.slurm import SlurmBackend
+        from clusterctl.backends.slurm.backend import SlurmBackend
 
         return SlurmBackend()
     if name == "local":
-        from clusterctl.backends.local import LocalBackend
+        from clusterctl.backends.local.backend import LocalBackend
 
         return LocalBackend()
     raise ClusterctlError(f"unknown backend {name!r}; expected one of: {', '.join(BACKENDS)}", ExitCode.USAGE)

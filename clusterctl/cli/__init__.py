@@ -12,7 +12,8 @@ from clusterctl.cli import (
     record_cmd,
     render_cmd,
     report_cmd,
-    run_cmds,
+    cancel_cmd,
+    requeue_cmd,
     schema_cmd,
     site_cmd,
     status_cmd,
@@ -34,7 +35,8 @@ record_cmd.register(app)
 checkpoints_cmd.register(app)
 drill_cmd.register(app)
 qualify_cmd.register(app)
-run_cmds.register(app)
+cancel_cmd.register(app)
+requeue_cmd.register(app)
 suspects_cmd.register(app)
 schema_cmd.register(app)
 version_cmd.register(app)

@@ -28,16 +28,18 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from clusterctl import rankmanifest, rundir
+from clusterctl.rundir import rankmanifest
+from clusterctl import rundir
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
-from clusterctl.cpulist import format_cpulist
+from clusterctl.syntax.cpulist import format_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, read_json as load_json
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.runtime.watchdog import WARMUP_STEPS
-from clusterctl.runtime.watchserver import DUMP_WAIT_S
+from clusterctl.runtime.response import DUMP_WAIT_S
+from clusterctl.rundir import history
 
 EXPECTED = {
     "hang": ExitCode.HANG,
@@ -57,11 +59,12 @@ LOCAL_PREFIX = "local-"  # the local backend shows job N as local-N
 # --- the run ----------------------------------------------------------------------
 
 
-def end_event(events: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
-    for event in events:
-        if event.get("event") == rundir.EVENT_END and _int(event.get("attempt")) == attempt:
-            return event
-    return None
+def end_event(run: RunDir, attempt: int) -> dict[str, Any] | None:
+    """How an attempt ended ({exit, time}), once its history says it did."""
+    found = history.read(run).attempt(attempt)
+    if found is None or not found.ended:
+        return None
+    return {"exit": found.exit_code, "time": found.end}
 
 
 def _int(value: Any) -> int | None:
@@ -132,7 +135,7 @@ def wait_for_attempt(run: RunDir, backend: str, timeout: float, show: Callable[[
                 ExitCode.BACKEND_UNAVAILABLE,
             )
         numbers = [n for n in run.attempts() if (run.attempt(n) / rundir.ATTEMPT_JSON).is_file()]
-        events = run.events()
+        told = history.read(run)
         elapsed = time.monotonic() - start
         if numbers:
             n = numbers[-1]
@@ -140,11 +143,8 @@ def wait_for_attempt(run: RunDir, backend: str, timeout: float, show: Callable[[
             job_id = str(info.get("job_id") or state.get("job_id") or "")
         else:
             n, info, job_id = 0, {}, str(state.get("job_id") or "")
-        end = end_event(events, n) if n else None
-        stopped = any(
-            e.get("event") == rundir.EVENT_NEXT and e.get("how") == rundir.NEXT_STOP
-            for e in events if (_int(e.get("attempt")) or 0) >= n
-        )
+        end = end_event(run, n) if n else None
+        stopped = told.stopped
         if n and end is None and not stopped:
             manifest = rankmanifest.read(run.attempt(n) / rundir.MANIFEST)
             if manifest is not None:
@@ -413,9 +413,9 @@ def await_outcome(
         if verdict is not None:
             if fault == "hang" and _int(verdict.get("code")) == int(ExitCode.HANG):
                 verdict = wait_for_stacks(path, since, verdict)
-            end = end_event(run.events(), attempt.number) if fault == "pre-timeout" else None
+            end = end_event(run, attempt.number) if fault == "pre-timeout" else None
             return Outcome(verdict, end)
-        end = end_event(run.events(), attempt.number)
+        end = end_event(run, attempt.number)
         newer = [n for n in run.attempts() if n > attempt.number and (run.attempt(n) / rundir.ATTEMPT_JSON).is_file()]
         if end is not None or newer:
             verdict = _fresh_verdict(path, since)  # written just before the batch script recorded the end

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from clusterctl import runlogs
+from clusterctl.views import logs as runlogs
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.errors import ClusterctlError
@@ -26,7 +26,7 @@ def job_active(run: RunDir) -> Callable[[], bool]:
     A run never submitted has none; when the scheduler cannot be asked, the
     answer stays "yes" so that --follow keeps following rather than stop early.
     """
-    from clusterctl.runcontrol import active_jobs, backend_of
+    from clusterctl.actions.runjobs import active_jobs, backend_of
 
     last: list[float | bool] = [-JOB_CHECK_S, True]
 

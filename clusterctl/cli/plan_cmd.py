@@ -9,7 +9,7 @@ from clusterctl.cli.app import out_console
 
 from clusterctl.cli.options import JsonOpt, SetOpt, SiteOpt, SpecArg
 from clusterctl.cli.plan_view import render_plan
-from clusterctl.job import load_job
+from clusterctl.plan.job import load_job
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from clusterctl.plan import Plan
 from clusterctl.plan.ranks import GROUP_KINDS
-from clusterctl.units import format_duration, format_gb
+from clusterctl.syntax.units import format_duration, format_gb
 
 MAX_NODES_SHOWN = 6
 MAX_GPUS_SHOWN = 8

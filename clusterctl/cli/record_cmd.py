@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
         controller) and what the trainer resumed from (rank 0, through the
         contract). Unknown facts are shown with the reason.
         """
-        from clusterctl import runrecord
+        from clusterctl.views import record as runrecord
 
         found = runrecord.load(resolve_run(run), attempt)
         if as_json:

@@ -9,8 +9,8 @@ import typer
 from clusterctl.cli.app import out_console
 
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
-from clusterctl.job import load_job
-from clusterctl.runfiles import write_rendered
+from clusterctl.plan.job import load_job
+from clusterctl.render.runfiles import write_rendered
 
 
 def register(app: typer.Typer) -> None:

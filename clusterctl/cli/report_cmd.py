@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         (per-rank step time p50/p90/max over the steady interval, goodput, lost
         GPU hours, verdicts with culprits); --json prints them as JSON.
         """
-        from clusterctl import report as reportlib  # noqa: PLC0415 - numpy only when reporting
+        from clusterctl.views import report as reportlib  # noqa: PLC0415 - numpy only when reporting
 
         target = resolve_run(run)
         collected = reportlib.collect(target)

@@ -8,14 +8,14 @@ from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
-from clusterctl.runstate import is_run
+from clusterctl.rundir import is_run
 
 RUNS = "runs"  # the default runs root, relative to where clusterctl runs
 
 
 def _by_job(job: str, root: Path) -> Path | None:
     """The run under `root` that has had job `job` (submitted, continued or requeued into it)."""
-    from clusterctl.runcontrol import run_jobs
+    from clusterctl.actions.runjobs import run_jobs
 
     native = job.removeprefix("local-")
     if not native.isdigit() or not root.is_dir():

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from clusterctl.cli.app import err_console, new_app, out_console
 from clusterctl.cli.options import JsonOpt
-from clusterctl.site import Site, load_site, site_warnings
+from clusterctl.config.site import Site, load_site, site_warnings
 
 site_app = new_app("Site configs: validate, import and show them.")
 

@@ -8,22 +8,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl import hostlist
+from clusterctl.rundir import jobid
+from clusterctl.syntax import hostlist
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runstate import CANCELLED, COMPLETED, FAILED, PENDING, RESTARTING, TRAINING, Attempt, RunState, display_job
+from clusterctl.views.statetext import culprits, duration, progress
+from clusterctl.views.state import CANCELLED, COMPLETED, FAILED, PENDING, RESTARTING, TRAINING, Attempt, RunState
 
 STYLES = {COMPLETED: "green", FAILED: "bold red", CANCELLED: "yellow", TRAINING: "cyan", RESTARTING: "magenta", PENDING: "blue"}
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {s % 3600 // 60:02d}m"
 
 
 def clock(epoch: float | None, now: float | None = None) -> str:
@@ -39,35 +30,6 @@ def ago(epoch: float | None, now: float | None = None) -> str:
     if epoch is None:
         return "-"
     return f"{duration(max(0.0, (now if now is not None else time.time()) - epoch))} ago"
-
-
-def progress(st: RunState) -> str:
-    """Step, loss, throughput and ETA, as far as they are known."""
-    parts = []
-    if st.step is not None:
-        parts.append(f"step {st.step}" + (f"/{st.total_steps}" if st.total_steps else ""))
-    if st.loss is not None:
-        parts.append(f"loss {st.loss:.4f}")
-    if st.tokens_per_s and st.state == TRAINING:
-        parts.append(f"{st.tokens_per_s:,.0f} tokens/s")
-    if st.eta_s is not None:
-        parts.append(f"ETA {duration(st.eta_s)}")
-    return ", ".join(parts)
-
-
-def culprits(st: RunState) -> str:
-    found = st.attempts[-1].culprits if st.attempts else []
-    named = [f"rank {c.get('rank')} on {c.get('host')}" if c.get("rank") is not None else str(c.get("host")) for c in found]
-    return "; culprit " + ", ".join(named) if named else ""
-
-
-def status_line(st: RunState) -> str:
-    """One line: what `submit --wait` prints whenever it changes."""
-    attempt = f"attempt {st.attempts[-1].attempt}" if st.attempts else ""
-    head = st.state + (f" (exit {st.exit_code})" if st.state in (FAILED, CANCELLED) and st.exit_code not in (None, 0) else "")
-    detail = ", ".join(p for p in ((attempt if st.state == TRAINING else ""), progress(st) if st.state == TRAINING else "") if p)
-    reason = st.reason + (culprits(st) if st.state in (FAILED, RESTARTING) else "")
-    return f"{head}: " + "; ".join(p for p in (detail, reason) if p) if (detail or reason) else head
 
 
 def _nodes(a: Attempt) -> str:
@@ -101,8 +63,8 @@ def attempts_table(st: RunState, now: float | None = None) -> Table:
     for column in ("#", "job", "nodes", "start", "took", "exit", "meaning", "steps", "then"):
         table.add_column(column, overflow="fold", no_wrap=column not in ("then", "meaning"))
     for a in st.attempts:
-        then = NEXT_WORDS.get(a.next or "", a.next or "") + (f" {display_job(a.next_job, st.backend)}" if a.next_job else "")
-        table.add_row(str(a.attempt), display_job(a.job_id, st.backend) or "-", _nodes(a), clock(a.start, now),
+        then = NEXT_WORDS.get(a.next or "", a.next or "") + (f" {jobid.display(a.next_job, st.backend)}" if a.next_job else "")
+        table.add_row(str(a.attempt), jobid.display(a.job_id, st.backend) or "-", _nodes(a), clock(a.start, now),
                       duration((a.end or (now if now is not None else time.time())) - a.start) if a.start else "-", "-" if a.exit_code is None else str(a.exit_code),
                       short_meaning(a), _steps(a), then)
     return table

@@ -10,19 +10,20 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from clusterctl import hostlist, rundir
+from clusterctl.syntax import hostlist
+from clusterctl import rundir
 from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.job import Job, load_job
+from clusterctl.plan.job import Job, load_job
 from clusterctl.remote.submit import login_of, submit_remote
-from clusterctl.runstate import RunState
-from clusterctl.submit import SuspectChoice, submit_job
-from clusterctl.units import format_duration
-from clusterctl.cli.wait import follow, local_state
+from clusterctl.views.state import RunState
+from clusterctl.actions.submit import SuspectChoice, submit_job
+from clusterctl.syntax.units import format_duration
+from clusterctl.actions.follow import follow, local_state
 
 
 def _when(epoch: float) -> str:

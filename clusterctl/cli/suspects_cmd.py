@@ -10,13 +10,13 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from clusterctl import suspects
+from clusterctl.rundir import suspects
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.site import Reliability
-from clusterctl.units import format_duration
+from clusterctl.config.site import Reliability
+from clusterctl.syntax.units import format_duration
 
 DEFAULT_RUNS_ROOT = "runs"  # as `drill` and `submit` use it when neither spec nor site names one
 
@@ -25,8 +25,8 @@ def _root_and_window(runs_root: Path | None, spec: Path | None) -> tuple[Path, f
     """The runs root and window a submission of `spec` would use; else --runs-root (or ./runs) and the default window."""
     window_s = Reliability().suspect_hours * 3600
     if spec is not None:
-        from clusterctl.job import load_job
-        from clusterctl.runfiles import runs_root as job_runs_root
+        from clusterctl.plan.job import load_job
+        from clusterctl.render.runfiles import runs_root as job_runs_root
 
         job = load_job(spec)
         window_s = job.site.reliability.suspect_hours * 3600

@@ -12,7 +12,7 @@ from clusterctl.cli.app import err_console
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.trace import Summary, build_trace, write_trace, write_trace_file
+from clusterctl.views.chrometrace import Summary, build_trace, write_trace, write_trace_file
 
 RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
 

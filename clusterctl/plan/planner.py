@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clusterctl import hostlist
+from clusterctl.syntax import hostlist
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
 from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
-from clusterctl.site import NodeType, Site, known_nodes
-from clusterctl.spec import JobSpec
-from clusterctl.units import format_duration, parse_duration
+from clusterctl.config.site import NodeType, Site, known_nodes
+from clusterctl.config.spec import JobSpec
+from clusterctl.syntax.units import format_duration, parse_duration
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clusterctl.site import NodeType
+from clusterctl.config.site import NodeType
 
 
 @dataclass(frozen=True)

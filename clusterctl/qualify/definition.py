@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterctl.job import Job
-from clusterctl.spec import Qualify
+from clusterctl.plan.job import Job
+from clusterctl.config.spec import Qualify
 
 VERSION = 1
 
@@ -37,7 +37,7 @@ class Definition:
             notes.append("the reference trainer is data parallel: " + ", ".join(f"{k}={v}" for k, v in dims.items() if v != 1)
                          + " set to 1 for every rung")
         partition = job.site.partitions[plan.partition]
-        from clusterctl import hostlist  # noqa: PLC0415
+        from clusterctl.syntax import hostlist  # noqa: PLC0415
 
         offered = hostlist.count(partition.nodes) - len(spec.topology.exclude) if partition.nodes else plan.nodes
         base = (

@@ -19,11 +19,11 @@ from typing import Any
 
 from clusterctl import rundir
 from clusterctl.backends import get_backend
-from clusterctl.cli.wait import follow, local_state
-from clusterctl.job import Job, load_job
+from clusterctl.actions.follow import follow, local_state
+from clusterctl.plan.job import Job, load_job
 from clusterctl.rundir import RunDir
-from clusterctl.runstate import RunState
-from clusterctl.submit import submit_job
+from clusterctl.views.state import RunState
+from clusterctl.actions.submit import submit_job
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 from clusterctl import __version__
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import BUG_REPORT_HINT
-from clusterctl.job import Job, load_job
+from clusterctl.plan.job import Job, load_job
 from clusterctl.qualify import RUNGS
 from clusterctl.qualify.definition import Definition
 from clusterctl.qualify.jobs import Runner
@@ -46,7 +46,7 @@ def _stack(job_runs: list[str]) -> dict[str, Any]:
 
     for path in reversed(job_runs):
         try:
-            from clusterctl.runrecord import load  # noqa: PLC0415
+            from clusterctl.views.record import load  # noqa: PLC0415
 
             env = load(RunDir(Path(path))).get("environment") or {}
             nodes = [{"host": n.get("host"), "versions": n.get("versions"), "driver": n.get("driver"),

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from clusterctl import rankmanifest, rundir
+from clusterctl.rundir import rankmanifest
+from clusterctl import rundir
 from clusterctl.checkpoint import names
 from clusterctl.qualify.definition import Definition
 from clusterctl.qualify.jobs import JobRun, Runner, drill, past_step
@@ -76,7 +77,7 @@ def _step_times(job: JobRun) -> dict[str, float | None]:
 
 
 def _per_rank_p50(job: JobRun) -> dict[str, float]:
-    from clusterctl.report import collect  # noqa: PLC0415 - numpy: only when measured
+    from clusterctl.views.report import collect  # noqa: PLC0415 - numpy: only when measured
 
     head = collect(job.run).headline
     return {rank: v["p50"] for rank, v in head.get("step_time_s", {}).items() if v.get("p50")}
@@ -219,13 +220,13 @@ def boundary(c: Context) -> Rung:
     ranks = _manifest(job.run).get("ranks") or []
     rung.measured["adapters"] = {str(r.get("rank")): {"host": r.get("host"), "nics": r.get("nics")} for r in ranks}
     try:
-        from clusterctl.runrecord import load as load_record  # noqa: PLC0415
+        from clusterctl.views.record import load as load_record  # noqa: PLC0415
 
         env = load_record(job.run).get("environment", {})
         rung.measured["nccl_env"] = env.get("common_env") or env.get("env") or {}
     except Exception as exc:  # noqa: BLE001 - the record is evidence, not the rung's criterion
         rung.measured["nccl_env"] = f"not read: {exc}"
-    from clusterctl.report import collect  # noqa: PLC0415
+    from clusterctl.views.report import collect  # noqa: PLC0415
 
     rung.measured["phases_s"] = collect(job.run).headline.get("phases_s", {})
     c.step_p50 = _step_times(job)["p50"]
@@ -265,7 +266,7 @@ def scaling(c: Context, counts: list[int]) -> Rung:
 
 
 def _phase_fraction(job: JobRun) -> float | None:
-    from clusterctl.report import collect  # noqa: PLC0415
+    from clusterctl.views.report import collect  # noqa: PLC0415
 
     phases = collect(job.run).headline.get("phases_s", {})
     total = sum(sum(v for v in p.values() if v) for p in phases.values())
@@ -357,7 +358,7 @@ def _first_step_time(job: JobRun, attempt: int) -> float | None:
 
 
 def _save_pause(job: JobRun) -> float | None:
-    from clusterctl.report import collect  # noqa: PLC0415
+    from clusterctl.views.report import collect  # noqa: PLC0415
 
     saves = [s for attempt in collect(job.run).figures.saves for _, s in attempt]
     return round(statistics.median(saves), 3) if saves else None

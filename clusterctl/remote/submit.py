@@ -19,11 +19,11 @@ from pathlib import Path, PurePosixPath
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
-from clusterctl.job import Job
+from clusterctl.plan.job import Job
 from clusterctl.remote.client import Remote, connect
-from clusterctl.runfiles import stage_run
-from clusterctl.submit import SuspectChoice, avoid_suspects, default_backend
-from clusterctl.suspects import Suspect
+from clusterctl.render.runfiles import stage_run
+from clusterctl.actions.submit import SuspectChoice, avoid_suspects, default_backend
+from clusterctl.rundir.suspects import Suspect
 
 
 @dataclass

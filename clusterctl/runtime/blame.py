@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterctl.cpulist import parse_cpulist
+from clusterctl.syntax.cpulist import parse_cpulist
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.registry import Verdict
+from clusterctl.rundir.verdict import Verdict
 
 # srun: error: n2: task 2: Killed | srun: error: n1: tasks 0-1: Exited with exit code 1
 _TASK_LINE = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<ranks>[0-9,\-]+): (?P<what>.+?)\s*$")
@@ -120,7 +120,7 @@ def _first_line(text: str) -> str:
     return (lines[-1] if lines and lines[0].startswith("Traceback") else lines[0] if lines else "")[:300]
 
 
-def judge_end(facts: Facts) -> Verdict | None:
+def blame_end(facts: Facts) -> Verdict | None:
     """The verdict of an attempt whose ranks failed; None when no rank failed."""
     ended_by: dict[int, TaskEnd] = {}
     for end in facts.srun:

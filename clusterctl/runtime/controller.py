@@ -2,7 +2,7 @@
 
 It hosts torch.distributed's TCPStore on the planned port (moving to the next
 free one if taken, and publishing the one it got before any rank starts),
-waits for every rank's registration, judges them (registry.judge), writes
+waits for every rank's registration, judges them (registration.judge), writes
 attempt-N/manifest.json and verdict.json, and tells the ranks the verdict
 through the store. It then keeps hosting the store — the ranks' process
 group uses it — until the batch script says the ranks are done (SIGTERM),
@@ -24,7 +24,7 @@ hold a connection per rank (runtime/filelimit.py); it listens with the
 largest backlog the kernel allows; it reads registrations in bounded
 requests (runtime/collect.py), decodes only each one's short summary line,
 publishes the verdict, and only then writes manifest.json from the rows the
-ranks stored (clusterctl/rankmanifest.py).
+ranks stored (clusterctl/rundir/rankmanifest.py).
 
     python -m clusterctl.runtime.controller --attempt-dir DIR --port PORT
 """
@@ -46,17 +46,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
-from clusterctl import envnames, rankmanifest, rundir
+from clusterctl import envnames, rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
-from clusterctl.rundir import write_json_atomic
-from clusterctl.runtime import collect, filelimit, registry, stacks
+from clusterctl.rundir import rankmanifest, runjson, write_json_atomic
+from clusterctl.rundir.verdict import Verdict
+from clusterctl.runtime import admission, collect, filelimit, registration, stacks
 from clusterctl.runtime.blame import parse_srun_lines, stopped_on_request
+from clusterctl.runtime.preflight import MARKER_PREFIX, write_shared_marker
+from clusterctl.runtime.response import Response
+from clusterctl.runtime.verdicts import VerdictKeeper
 from clusterctl.runtime.watchdog import Settings, Watchdog
 from clusterctl.runtime.watchserver import WatchServer
-from clusterctl.runtime.preflight import MARKER_PREFIX, write_shared_marker
 
-READY = "controller.json"
+READY = rundir.CONTROLLER_JSON
 POLL_S = 0.02
 SRUN_LOG_SETTLE_S = 2.0  # srun's last lines reach srun.log through tee, a moment after srun itself ended
 BIND_TRIES = 64
@@ -148,13 +151,13 @@ class Controller:
     def __init__(self, attempt_dir: Path, port: int) -> None:
         self.attempt_dir = attempt_dir
         self.run_dir = attempt_dir.parent
-        self.run = json.loads((self.run_dir / rundir.RUN_JSON).read_text())
-        self.hosts = (attempt_dir / "hosts").read_text().split()
+        self.run = runjson.load(self.run_dir)
+        self.hosts = rundir.read_hosts(attempt_dir)
         self.token = os.environ.get(envnames.TOKEN, "")
-        self.world = int(self.run["world_size"])
-        self.gpn = int(self.run["gpus_per_node"])
-        self.timeout_s = float(self.run["rendezvous"]["timeout_s"])
-        self.port_range = tuple(self.run["rendezvous"]["port_range"])
+        self.world = self.run.world_size
+        self.gpn = self.run.gpus_per_node
+        self.timeout_s = float(self.run.rendezvous.timeout_s)
+        self.port_range = tuple(self.run.rendezvous.port_range)
         self.first_port = port
         self.done = threading.Event()
         self.store = None
@@ -162,16 +165,17 @@ class Controller:
         self.marker: str | None = None
         self.records: dict[int, dict] = {}  # rank -> the judged summary of its registration
         self.watch: WatchServer | None = None
-        self.refused: registry.Verdict | None = None
+        self.response: Response | None = None
+        self.keeper = VerdictKeeper(attempt_dir, log)
+        self.refused: Verdict | None = None
         self.file_limit: filelimit.FileLimit | None = None
 
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
         self.check_file_limit()
-        family = self.run["rendezvous"].get("address_family", "ipv4")
-        listener, port = reserve_port(self.first_port, self.port_range, family)
-        checkpoint_dir = self.run.get("checkpoint", {}).get("dir") or str(self.run_dir / rundir.CHECKPOINTS)
-        if "shared_fs" in self.run.get("preflight", {}).get("checks", []):
+        listener, port = reserve_port(self.first_port, self.port_range, self.run.rendezvous.address_family)
+        checkpoint_dir = str(self.run.checkpoint_dir(self.run_dir))
+        if "shared_fs" in self.run.preflight.checks:
             try:
                 self.marker = write_shared_marker(checkpoint_dir, self.token, self.earlier_markers(checkpoint_dir))
             except OSError as exc:
@@ -200,9 +204,8 @@ class Controller:
         if limit.soft != limit.soft_before:
             log(f"open-file limit raised from {limit.soft_before} to {limit.soft} ({limit.needed} needed)")
         if not limit.enough:
-            self.refused = filelimit.refusal(limit, self.world, len(self.hosts), os.environ.get("SLURMD_NODENAME", ""))
-            write_json_atomic(self.attempt_dir / rundir.VERDICT, self.refused.as_dict())
-            log(self.refused.message)
+            self.refused = self.keeper.give(
+                filelimit.refusal(limit, self.world, len(self.hosts), os.environ.get("SLURMD_NODENAME", "")))
 
     def start_watch(self, family: socket.AddressFamily) -> WatchServer:
         """The heartbeat path's end: a port of its own (any free one) for the node aggregators."""
@@ -213,13 +216,14 @@ class Controller:
         sock.listen(listen_backlog())
         watchdog = Watchdog(self.world, self.hosts, self.gpn, Settings.from_run(self.run))
         server = WatchServer(sock, self.token, watchdog, self.attempt_dir / rundir.TIMELINE, self.on_finding, log)
+        self.response = Response(self.attempt_dir, server, watchdog, self.keeper)
         server.start()
         return server
 
-    def on_finding(self, finding: registry.Verdict) -> None:
-        """The watchdog called a hang or a straggler: record it, dump stacks (hang), stop the ranks."""
-        assert self.watch is not None
-        self.watch.respond(finding, self.attempt_dir)
+    def on_finding(self, finding: Verdict) -> None:
+        """The watchdog called a hang, a straggler or a lost node: the response records it and stops the ranks."""
+        assert self.response is not None
+        self.response.on_finding(finding)
 
     def earlier_markers(self, checkpoint_dir: str) -> list[str]:
         """Tokens of the markers that this run's earlier attempts wrote in `checkpoint_dir`."""
@@ -258,14 +262,14 @@ class Controller:
         deadline = time.monotonic() + self.timeout_s
         arrived = 0
         while not self.done.is_set() and time.monotonic() < deadline:
-            arrived = self.store.add(registry.ARRIVED, 0)
+            arrived = self.store.add(registration.ARRIVED, 0)
             if arrived >= self.world:
                 break
             time.sleep(POLL_S)
         return arrived
 
     def _listed(self, key: str) -> list[str]:
-        return registry.parse_list(self.store.get(key)) if self.store.check([key]) else []
+        return registration.parse_list(self.store.get(key)) if self.store.check([key]) else []
 
     def collect(self) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
         """Registrations (their summaries), duplicates and early errors.
@@ -276,20 +280,20 @@ class Controller:
         manifest is written (at 100,000 ranks, ~180 MB not held twice).
         """
         store = self.store
-        keys = [registry.reg_key(r) for r in range(self.world)]
+        keys = [registration.reg_key(r) for r in range(self.world)]
         records: dict[int, dict] = {}
         seen: dict[Any, Any] = {}
         for r, raw in collect.iter_present(store, keys):
-            records[r] = registry.share_values(registry.decode_registration(raw)[0], seen)
+            records[r] = registration.share_values(registration.decode_registration(raw)[0], seen)
         duplicates: dict[int, list[dict]] = {}
-        for item in self._listed(registry.DUPLICATES):
+        for item in self._listed(registration.DUPLICATES):
             rank, claim = (int(x) for x in item.split(":"))
-            key = registry.reg_key(rank, claim)
+            key = registration.reg_key(rank, claim)
             if store.check([key]):
-                duplicates.setdefault(rank, []).append(registry.decode_registration(store.get(key))[0])
+                duplicates.setdefault(rank, []).append(registration.decode_registration(store.get(key))[0])
         errors = {
-            int(r): store.get(registry.error_key(int(r))).decode(errors="replace")
-            for r in self._listed(registry.ERRORED)
+            int(r): store.get(registration.error_key(int(r))).decode(errors="replace")
+            for r in self._listed(registration.ERRORED)
         }
         return records, duplicates, errors
 
@@ -298,7 +302,7 @@ class Controller:
         found: dict[int, str] = {}
         wanted = set(missing)
         for slot in sorted({r // self.gpn for r in missing}):
-            path = self.attempt_dir / rundir.LOGS / f"node-{slot}.log"
+            path = rundir.node_log(self.attempt_dir, slot)
             try:
                 lines = path.read_text(errors="replace").splitlines()
             except OSError:
@@ -312,9 +316,9 @@ class Controller:
                     found[rank] = text.strip()[:300]
         return found
 
-    def rendezvous(self) -> registry.Verdict:
+    def rendezvous(self) -> Verdict:
         if self.refused is not None:  # the file limit cannot hold the job: tell the ranks that reach the store
-            self.store.set(registry.VERDICT, json.dumps(self.refused.as_dict()))
+            self.store.set(registration.VERDICT, json.dumps(self.refused.as_dict()))
             return self.refused
         arrived = self.wait_for_ranks()
         started, cpu = time.perf_counter(), time.process_time()
@@ -323,7 +327,7 @@ class Controller:
             records, duplicates, errors = self.collect()
             collected = time.perf_counter()
             missing = [r for r in range(self.world) if r not in records]
-            verdict = registry.judge(
+            verdict = admission.judge(
                 records,
                 duplicates,
                 world_size=self.world,
@@ -335,7 +339,7 @@ class Controller:
             )
             judged = time.perf_counter()
             self.records = records
-            self.store.set(registry.VERDICT, json.dumps(verdict.as_dict()))
+            self.store.set(registration.VERDICT, json.dumps(verdict.as_dict()))
             published = time.perf_counter()
             if verdict.ok and self.watch is not None:
                 self.watch.arm()
@@ -344,11 +348,10 @@ class Controller:
             except (OSError, RuntimeError) as exc:  # the verdict is out: a record lost must not lose verdict.json too
                 log(f"cannot write {rundir.MANIFEST}: {exc}")
             written = time.perf_counter()
-            write_json_atomic(self.attempt_dir / rundir.VERDICT, verdict.as_dict())
+            self.keeper.give(verdict)
         finally:
             gc.enable()
             gc.freeze()  # what stays (the summaries) is never garbage: later collections skip it
-        log(verdict.message)
         timings = {
             "ranks": self.world,
             "arrived": arrived,
@@ -362,13 +365,12 @@ class Controller:
         return verdict
 
     def write_manifest(self, records: dict[int, dict]) -> None:
-        """manifest.json, one rank per line (clusterctl/rankmanifest.py): each judged rank's stored record plus its groups.
+        """manifest.json, one rank per line (clusterctl/rundir/rankmanifest.py): each judged rank's stored record plus its groups.
 
         The records are read again from the store, a chunk at a time, for
         the ranks that were judged (a rank that arrives later is not in it).
         """
-        par = self.run["parallel"]
-        layout = RankLayout(tp=par["tp"], cp=par["cp"], dp=par["dp"], pp=par["pp"], ep=par["ep"])
+        layout = RankLayout(**self.run.parallel.sizes())
         lists = self.world <= MANIFEST_GROUP_LISTS_UP_TO  # beyond, the rows' indices say it all
         groups: dict[str, list[list[int]]] = {}
         columns = []
@@ -395,8 +397,8 @@ class Controller:
             for start in range(0, self.world, collect.CHUNK):
                 ranks = range(start, min(self.world, start + collect.CHUNK))
                 judged = [r for r in ranks if r in records]
-                stored = self.store.multi_get([registry.reg_key(r) for r in judged]) if judged else []
-                fulls = dict(zip(judged, map(registry.full_record, stored)))
+                stored = self.store.multi_get([registration.reg_key(r) for r in judged]) if judged else []
+                fulls = dict(zip(judged, map(registration.full_record, stored)))
                 for r in ranks:
                     tail = template % tuple(column[r] for column in columns)
                     full = fulls.get(r)
@@ -411,11 +413,11 @@ class Controller:
         """The batch shell trapped the pre-timeout signal or a preemption: ask the ranks to save and stop."""
         self.stop_requested = True
         if self.store is not None:
-            self.store.set(registry.STOP, str(time.time()))
+            self.store.set(registration.STOP, str(time.time()))
             log("stop requested: the ranks save, commit and exit at their next step")
 
     # --- after the rendezvous ------------------------------------------------------
-    def finish(self, verdict: registry.Verdict) -> int:
+    def finish(self, verdict: Verdict) -> int:
         """Host the store until the ranks are done; then the attempt's code."""
         self.done.wait()
         try:
@@ -425,27 +427,21 @@ class Controller:
                 self.watch.close()
             stacks.remove_empty(self.attempt_dir)
 
-    def _final_code(self, verdict: registry.Verdict) -> int:
+    def _final_code(self, verdict: Verdict) -> int:
         if not verdict.ok:
             return verdict.code
-        if self.watch is not None and self.watch.finding is not None:
-            return self.watch.finding.code  # verdict.json written when it was called
-        if self.store.check([registry.POSTCHECK]):
-            post = json.loads(self.store.get(registry.POSTCHECK))
-            log(post["message"])
+        if (finding := self.keeper.failure) is not None:
+            return finding.code  # the watchdog's, recorded when it was called
+        if self.store.check([registration.POSTCHECK]):
+            post = json.loads(self.store.get(registration.POSTCHECK))
             if not post["ok"]:
-                final = registry.Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))
-                write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
-                return final.code
+                return self.keeper.give(Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))).code
+            log(post["message"])
         if self.stop_requested and self._stopped_on_request():
             log("the ranks saved, committed and stopped on request (85); any that srun stopped on their way out are not failures")
             return int(ExitCode.PRE_TIMEOUT)
-        final = self.judge_end()
-        if final is None:
-            return 0
-        write_json_atomic(self.attempt_dir / rundir.VERDICT, final.as_dict())
-        log(final.message)
-        return final.code
+        final = self.end_verdict()
+        return 0 if final is None else self.keeper.give(final).code
 
     def _stopped_on_request(self) -> bool:
         """A rank's exit 85 in srun's lines (tee may write them a moment after srun ended)."""
@@ -460,16 +456,15 @@ class Controller:
                 return stopped_on_request(ends)
             time.sleep(0.1)
 
-    def judge_end(self) -> registry.Verdict | None:
-        """Culprits apart from victims (runtime/blame.py), once every rank is done."""
-        errors = {
-            int(r): self.store.get(registry.error_key(int(r))).decode(errors="replace")
-            for r in self._listed(registry.ERRORED)
-        }
-        if self.watch is None:
+    def end_verdict(self) -> Verdict | None:
+        """Culprits apart from victims (runtime/response.py), once every rank is done; None when none failed."""
+        if self.response is None:
             return None
-        gpus = {r: rec.get("gpu") for r, rec in self.records.items()}
-        return self.watch.judge_end(errors, self.attempt_dir / rundir.SRUN_LOG, gpus)
+        errors = {
+            int(r): self.store.get(registration.error_key(int(r))).decode(errors="replace")
+            for r in self._listed(registration.ERRORED)
+        }
+        return self.response.end_verdict(errors, {r: rec.get("gpu") for r, rec in self.records.items()})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.registry import Verdict
+from clusterctl.rundir.verdict import Verdict
 
 RESERVE = 256  # torch's and libuv's own descriptors, logs, the manifest's temporary file, later process groups
 NR_OPEN = Path("/proc/sys/fs/nr_open")  # the ceiling for an "unlimited" hard limit

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -29,10 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusterctl import hostlist, rundir
+from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir
-from clusterctl.runtime.recovery import Decision, Ended, Fault, Policy, Situation, SlurmEnd, decide, pick_hosts
+from clusterctl.rundir import RunDir, history, runjson
+from clusterctl.rundir import verdict as verdictfile
+from clusterctl.runtime.recovery import Decision, Ended, Policy, Situation, SlurmEnd, decide, pick_hosts
+from clusterctl.syntax import hostlist
 
 SLURM_TIMEOUT_S = 20.0  # one sbatch / scontrol call
 JOB_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_")
@@ -44,34 +45,11 @@ def log(message: str) -> None:
 
 
 # --- facts -------------------------------------------------------------------------
-def load_json(path: Path) -> dict[str, Any]:
-    return rundir.read_json(path) or {}
-
-
-def history(events: list[dict[str, Any]]) -> tuple[tuple[Fault, ...], list[str]]:
-    """Faults counted against the budget since the run was last requeued by hand, and the nodes it avoids."""
-    faults: list[Fault] = []
-    exclude: list[str] = []
-    for e in events:
-        if e.get("event") == rundir.EVENT_REQUEUE:
-            faults = []  # `clusterctl requeue` gives the run a fresh budget
-        if e.get("event") in (rundir.EVENT_NEXT, rundir.EVENT_REQUEUE) and isinstance(e.get("exclude"), list):
-            exclude = [str(h) for h in e["exclude"]]
-        if e.get("event") == rundir.EVENT_NEXT and e.get("counted"):
-            faults.append(Fault(int(e.get("exit", 0)), tuple(e.get("culprit_hosts") or ()), e.get("committed_step"), str(e.get("job_id", ""))))
-    return tuple(faults), exclude
-
-
-def avoided(run_json: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
-    """Every node the run avoids now: the spec's, then all that later decisions added."""
-    return list(dict.fromkeys([*(run_json.get("exclude") or []), *history(events)[1]]))
-
-
-def committed_step(run: RunDir, run_json: dict[str, Any]) -> int | None:
+def committed_step(run: RunDir, run_json: runjson.RunJson) -> int | None:
     try:
         from clusterctl.checkpoint.generations import latest_committed
 
-        found = latest_committed(run.checkpoint_dir(run_json))
+        found = latest_committed(run_json.checkpoint_dir(run.path))
     except Exception:  # noqa: BLE001 - an unreadable directory is "no checkpoint" here, never a crash
         return None
     return found.step if found else None
@@ -110,11 +88,9 @@ def slurm_end(job_id: str, signalled: bool, env: dict[str, str]) -> SlurmEnd:
 
 
 def cancelled_by(run: RunDir) -> str:
-    """Who asked the whole run to stop (rundir.CANCEL), or ""."""
-    path = run.path / rundir.CANCEL
-    if not path.exists():
-        return ""
-    return str(load_json(path).get("by") or "clusterctl cancel")
+    """Who asked the whole run to stop (cancel.json, written by `clusterctl cancel` and held by `requeue`), or ""."""
+    asked = history.read(run).cancel_asked
+    return str(asked.get("by") or "clusterctl cancel") if asked is not None else ""
 
 
 def allocation(env: dict[str, str]) -> list[str]:
@@ -155,7 +131,7 @@ def remember(run: RunDir, decision: Decision, ended: Ended) -> None:
     if not decision.newly_excluded:
         return
     try:
-        from clusterctl import suspects
+        from clusterctl.rundir import suspects
 
         drain = _site_drain(run)
         found = [suspects.Suspect(h, ended.reason or f"exit {ended.code}", ended.code, run.path.name, time.time()) for h in decision.newly_excluded]
@@ -186,18 +162,18 @@ def emit(**values: Any) -> None:
 
 
 def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
-    run_json = load_json(run.run_json)
+    run_json = runjson.read(run.path) or runjson.RunJson()
     job_id = env.get("SLURM_JOB_ID", "")
-    events = run.events()
-    who = cancelled_by(run)
+    told = history.read(run)
+    who = str(told.cancel_asked.get("by") or "clusterctl cancel") if told.cancel_asked is not None else ""
     if who:
-        run.append_event(rundir.EVENT_NEXT, attempt=0, job_id=job_id, how=rundir.NEXT_STOP, exit=0,
-                         reason=f"stopped by {who} before this job started")
+        history.append(run, history.EVENT_NEXT, attempt=0, job_id=job_id, how=history.NEXT_STOP, exit=0, cancelled_by=who,
+                       reason=f"stopped by {who} before this job started")
         log(f"the run was stopped by {who}: not starting")
         emit(ACTION="exit", EXIT=0)
         return 0
-    _close_open_attempt(run, events, job_id)
-    exclude = avoided(run_json, events)
+    _close_open_attempt(run, told, job_id)
+    exclude = told.avoided(run_json.exclude)
     alloc = allocation(env)
     picked = pick_hosts(tuple(alloc[:nodes]), tuple(alloc), set(exclude), nodes) if alloc else None
     if picked is None and alloc:
@@ -211,57 +187,52 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
     return 0
 
 
-def _close_open_attempt(run: RunDir, events: list[dict[str, Any]], job_id: str) -> None:
+def _close_open_attempt(run: RunDir, told: history.History, job_id: str) -> None:
     """An attempt that started and never ended lost its batch host (or its job was killed hard): say so."""
-    started = {int(e["attempt"]): e for e in events if e.get("event") == rundir.EVENT_START and str(e.get("attempt", "")).isdigit()}
-    ended = {int(e["attempt"]) for e in events if e.get("event") == rundir.EVENT_END and str(e.get("attempt", "")).isdigit()}
-    for number in sorted(set(started) - ended):
-        old = started[number]
-        old_job = str(old.get("job_id", ""))
-        slurm = slurm_job(old_job) if old_job and old_job != job_id else {}
+    for old in told.open_attempts():
+        slurm = slurm_job(old.job_id) if old.job_id and old.job_id != job_id else {}
         said = f" (Slurm: {slurm.get('JobState')}, reason {slurm.get('Reason')})" if slurm.get("JobState") else ""
-        run.append_event(
-            rundir.EVENT_END, attempt=number, job_id=old_job, exit=None, recorded_by=job_id,
+        history.append(
+            run, history.EVENT_END, attempt=old.number, job_id=old.job_id, exit=None, recorded_by=job_id,
             slurm_state=slurm.get("JobState"), slurm_reason=slurm.get("Reason"),
-            reason=f"no end was recorded: the batch script of job {old_job or '?'} died with it{said}"
+            reason=f"no end was recorded: the batch script of job {old.job_id or '?'} died with it{said}"
             " (its node lost, or the job killed without warning)",
         )
 
 
 def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
-    run_json = load_json(run.run_json)
+    run_json = runjson.read(run.path) or runjson.RunJson()
     job_id = env.get("SLURM_JOB_ID", "")
-    attempt_dir = run.attempt(args.attempt)
-    verdict = load_json(attempt_dir / rundir.VERDICT)
-    culprits = [c for c in verdict.get("culprits") or [] if isinstance(c, dict)]
-    code = args.code
+    given = verdictfile.read(run.attempt(args.attempt))
+    failure = given if given is not None and not given.ok else None
     ended = Ended(
-        code, tuple(dict.fromkeys(str(c["host"]) for c in culprits if c.get("host"))), committed_step(run, run_json),
-        str(verdict.get("message", "")) if not verdict.get("ok", True) else "",
+        args.code, tuple(failure.culprit_hosts()) if failure else (), committed_step(run, run_json),
+        failure.message if failure else "",
     )
-    events = run.events()
-    faults, exclude = history(events)[0], avoided(run_json, events)
+    told = history.read(run)
     situation = Situation(
-        job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, faults, tuple(exclude),
-        slurm_end(job_id, bool(args.signal), env), cancelled_by(run),
+        job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
+        tuple(told.avoided(run_json.exclude)), slurm_end(job_id, bool(args.signal), env), cancelled_by(run),
     )
     decision = decide(ended, situation, Policy.from_run(run_json))
-    run.append_event(rundir.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,
+    history.append(run, history.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,
                      committed_step=ended.committed_step, **({"verdict": ended.reason} if ended.reason else {}))
     return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal)
 
 
 def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None) -> int:
-    if d.action == "continue" and cancelled_by(run):  # a cancel came while this step decided
-        d.action, d.exit_code, d.reason = "stop", d.record_code, f"stopped: by {cancelled_by(run)}"
+    who = cancelled_by(run) if d.action == "continue" else ""
+    if who:  # a cancel came while this step decided
+        d.action, d.exit_code, d.reason, d.cancelled_by = "stop", d.record_code, f"stopped: by {who}", who
     common: dict[str, Any] = {
         "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
         "counted": d.counted, "culprit_hosts": list(ended.culprit_hosts), "committed_step": ended.committed_step,
+        **({"cancelled_by": d.cancelled_by} if d.cancelled_by else {}),
     }
     remember(run, d, ended)
     log(d.reason)
     if d.action == "restart":
-        run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
+        history.append(run, history.EVENT_NEXT, how=history.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
         emit(ACTION="restart", NEXT_HOSTS=d.hosts, EXIT=d.exit_code)
         return 0
     if d.action == "continue":
@@ -270,20 +241,20 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             reason = f"{d.reason}, but the continuation could not be submitted: {exc}"
             log(reason)
-            run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_STOP, **{**common, "reason": reason})
+            history.append(run, history.EVENT_NEXT, how=history.NEXT_STOP, **{**common, "reason": reason})
             emit(ACTION="exit", EXIT=d.record_code or int(ExitCode.BACKEND_UNAVAILABLE))
             return 0
-        run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_CONTINUATION, next_job=next_job, **common)
+        history.append(run, history.EVENT_NEXT, how=history.NEXT_CONTINUATION, next_job=next_job, **common)
         log(f"continuation job {next_job} submitted (after this job ends)")
         if signal and slurm_end(job_id, True, env) == "requeued":  # a preemption's requeue came meanwhile
             _withdraw(run, next_job, env, common)
         emit(ACTION="exit", EXIT=d.exit_code)
         return 0
     if d.action == "requeue":
-        run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_REQUEUE, **common)
+        history.append(run, history.EVENT_NEXT, how=history.NEXT_REQUEUE, **common)
         emit(ACTION="requeue", EXIT=d.exit_code)
         return 0
-    run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_SLURM if d.action == "slurm" else rundir.NEXT_STOP, **common)
+    history.append(run, history.EVENT_NEXT, how=history.NEXT_SLURM if d.action == "slurm" else history.NEXT_STOP, **common)
     emit(ACTION="exit", EXIT=d.exit_code)
     return 0
 
@@ -292,7 +263,7 @@ def _withdraw(run: RunDir, next_job: str, env: dict[str, str], common: dict[str,
     """Slurm requeued this job while the continuation was being submitted: one job per run, so cancel ours."""
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(["scancel", next_job], env=clean_env(env), capture_output=True, timeout=SLURM_TIMEOUT_S, check=False)
-    run.append_event(rundir.EVENT_NEXT, how=rundir.NEXT_SLURM, **{**common, "reason": f"Slurm requeued the job: continuation {next_job} withdrawn"})
+    history.append(run, history.EVENT_NEXT, how=history.NEXT_SLURM, **{**common, "reason": f"Slurm requeued the job: continuation {next_job} withdrawn"})
 
 
 def main(argv: list[str] | None = None) -> int:

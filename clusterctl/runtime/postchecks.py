@@ -27,7 +27,7 @@ from typing import Any
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import RankLayout
 from clusterctl.rundir import write_json_atomic
-from clusterctl.runtime import registry
+from clusterctl.runtime import registration
 from clusterctl.runtime.rankinfo import RankInfo
 
 CPU_SIZES = (64 << 10, 1 << 20, 8 << 20)
@@ -39,7 +39,7 @@ def _group(store: Any, name: str, rank: int, size: int, timeout_s: float) -> Any
     import torch
     import torch.distributed as dist
 
-    prefixed = dist.PrefixStore(f"{registry.PREFIX}check/{name}/", store)
+    prefixed = dist.PrefixStore(f"{registration.PREFIX}check/{name}/", store)
     if torch.cuda.is_available():
         return dist.ProcessGroupNCCL(prefixed, rank, size)
     return dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))
@@ -92,7 +92,7 @@ def comm_check(info: RankInfo, store: Any, timeout_s: float) -> dict[str, Any]:
                 results = [bandwidth(pg, len(members), n, device) for n in sizes]
                 report["tp"] = {"group": index, "ranks": members, "results": results}
                 if members[0] == info.rank:
-                    store.set(f"{registry.PREFIX}comm/tp/{index}", json.dumps(report["tp"]))
+                    store.set(f"{registration.PREFIX}comm/tp/{index}", json.dumps(report["tp"]))
     return report
 
 
@@ -117,8 +117,7 @@ def matmul_seconds(device: Any) -> float:
 
 
 def _layout(info: RankInfo) -> RankLayout:
-    par = info.run["parallel"]
-    return RankLayout(tp=par["tp"], cp=par["cp"], dp=par["dp"], pp=par["pp"], ep=par["ep"])
+    return RankLayout(**info.run.parallel.sizes())
 
 
 def judge_compute(times: dict[int, float], factor: float, hosts: list[str], gpus_per_node: int) -> dict[str, Any]:
@@ -136,12 +135,12 @@ def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: flo
         report["comm"] = comm_check(info, store, timeout_s)
     if "compute" in names:
         seconds = matmul_seconds(_device())
-        store.set(f"{registry.PREFIX}compute/{info.rank}", str(seconds))
+        store.set(f"{registration.PREFIX}compute/{info.rank}", str(seconds))
     if info.rank == 0:
         outcome = _rank0_judges(names, info, store, report)
-        store.set(registry.POSTCHECK, json.dumps(outcome))
-    store.wait([registry.POSTCHECK], timedelta(seconds=timeout_s))
-    outcome = json.loads(store.get(registry.POSTCHECK))
+        store.set(registration.POSTCHECK, json.dumps(outcome))
+    store.wait([registration.POSTCHECK], timedelta(seconds=timeout_s))
+    outcome = json.loads(store.get(registration.POSTCHECK))
     return None if outcome["ok"] else outcome
 
 
@@ -151,18 +150,18 @@ def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str
     if "comm" in report:
         biggest = report["comm"]["world"][-1]
         summary.append(f"world all-reduce of {biggest['bytes'] >> 20} MiB: busbw {biggest['busbw_gbs']:.2f} GB/s")
-        tp = int(info.run["parallel"]["tp"])
+        tp = info.run.parallel.tp
         if tp > 1:
-            keys = [f"{registry.PREFIX}comm/tp/{index}" for index in range(info.world_size // tp)]
+            keys = [f"{registration.PREFIX}comm/tp/{index}" for index in range(info.world_size // tp)]
             groups = [json.loads(v) for v in store.multi_get(keys)]  # waits for every group's first rank
             report["comm"]["tp_groups"] = groups
             slowest = min(g["results"][-1]["busbw_gbs"] for g in groups)
             summary.append(f"slowest tp group busbw {slowest:.2f} GB/s over {len(groups)} groups")
     outcome: dict[str, Any] = {"ok": True, "code": 0, "message": "; ".join(summary) or "post-rendezvous checks passed"}
     if "compute" in names:
-        keys = [f"{registry.PREFIX}compute/{r}" for r in range(info.world_size)]
+        keys = [f"{registration.PREFIX}compute/{r}" for r in range(info.world_size)]
         times = {r: float(v) for r, v in enumerate(store.multi_get(keys))}
-        verdict = judge_compute(times, float(info.run["watchdog"]["straggler_factor"]), hosts, info.gpus_per_node)
+        verdict = judge_compute(times, info.run.watchdog.straggler_factor, hosts, info.gpus_per_node)
         report["compute"] = {**verdict, "seconds": times}
         if verdict["slow"]:
             named = ", ".join(f"rank {c['rank']} on {c['host']} ({c['reason']})" for c in verdict["slow"])

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clusterctl.cpulist import format_cpulist
+from clusterctl.syntax.cpulist import format_cpulist
 
 # Filesystem roots, module-level so tests can point them at fake trees.
 SYSFS = "/sys"

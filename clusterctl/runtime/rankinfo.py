@@ -7,14 +7,15 @@ the picture; both were written before the rank started.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
-from clusterctl import envnames, rundir
+from clusterctl import envnames
+from clusterctl.rundir import runjson
+from clusterctl.rundir.runjson import RunJson
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,14 @@ class RankInfo:
     cpus: str
     numa: int | None
     nics: tuple[str, ...]
-    run: dict[str, Any]
+    run: RunJson
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> RankInfo:
         env = os.environ if env is None else env
         run_dir = Path(env[envnames.RUN_DIR])
         attempt_dir = Path(env[envnames.ATTEMPT_DIR])
-        run = json.loads((run_dir / rundir.RUN_JSON).read_text())
+        run = runjson.load(run_dir)
         gpu = env.get(envnames.GPU, "")
         numa = env.get(envnames.NUMA, "")
         return cls(
@@ -63,7 +64,7 @@ class RankInfo:
 
     @property
     def gpus_per_node(self) -> int:
-        return int(self.run["gpus_per_node"])
+        return self.run.gpus_per_node
 
     @property
     def node_slot(self) -> int:

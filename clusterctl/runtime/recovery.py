@@ -25,9 +25,11 @@ exit-code table in the README:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir.history import SCANCEL, Fault
+from clusterctl.rundir.runjson import RunJson
 
 FAULTS = frozenset({
     ExitCode.RENDEZVOUS_FAILED, ExitCode.PREFLIGHT_FAILED, ExitCode.HANG, ExitCode.STRAGGLER,
@@ -47,9 +49,9 @@ class Policy:
     in_allocation: bool = True
 
     @classmethod
-    def from_run(cls, run: dict[str, Any]) -> Policy:
-        r = run.get("restart") or {}
-        return cls(int(r.get("budget", cls.budget)), r.get("mode", cls.mode), bool(r.get("in_allocation", True)))
+    def from_run(cls, run: RunJson) -> Policy:
+        r = run.restart
+        return cls(int(r.budget), r.mode, bool(r.in_allocation))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -60,16 +62,6 @@ class Ended:
     culprit_hosts: tuple[str, ...] = ()  # the verdict's culprits' nodes, primary first
     committed_step: int | None = None  # newest committed checkpoint when it ended
     reason: str = ""  # the verdict's message, for the record
-
-
-@dataclass(frozen=True)
-class Fault:
-    """An earlier fault of the run, read back from attempts.jsonl."""
-
-    code: int
-    hosts: tuple[str, ...]
-    committed_step: int | None
-    job_id: str
 
 
 @dataclass(frozen=True)
@@ -97,6 +89,7 @@ class Decision:
     exclude: list[str] = field(default_factory=list)  # every node the run now avoids
     newly_excluded: list[str] = field(default_factory=list)  # blamed by this attempt: remembered as suspects
     counted: bool = False  # a fault restart, counted against restart.budget
+    cancelled_by: str = ""  # the run stops because of a cancel: "clusterctl cancel", "scancel"
 
 
 def blamed(ended: Ended, faults: tuple[Fault, ...]) -> list[str]:
@@ -137,7 +130,7 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
     exclude = list(dict.fromkeys(s.excluded))
     if s.cancel_by or s.slurm_end == "cancelled":
         who = f"by {s.cancel_by}" if s.cancel_by else "the job was cancelled (scancel)"
-        return Decision("stop", code, code, f"stopped: {who}", exclude=exclude)
+        return Decision("stop", code, code, f"stopped: {who}", exclude=exclude, cancelled_by=s.cancel_by or SCANCEL)
     if code == ExitCode.OK:
         return Decision("stop", 0, 0, "training finished", exclude=exclude)
     if s.slurm_end == "requeued":

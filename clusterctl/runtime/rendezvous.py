@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from clusterctl.runtime import registry
+from clusterctl.runtime import registration
 from clusterctl.runtime.rankinfo import RankInfo
 
 CURRENT_STORE: Any = None
@@ -53,13 +53,13 @@ def register(store: Any, rank: int, record: dict[str, Any]) -> int:
     it; a later claimant gets the first one's record back (records differ:
     each carries its pid, host and start time) and registers as a duplicate.
     """
-    payload = registry.encode_registration(record)
-    if bytes(store.compare_set(registry.reg_key(rank), "", payload)) == payload:
-        store.add(registry.ARRIVED, 1)
+    payload = registration.encode_registration(record)
+    if bytes(store.compare_set(registration.reg_key(rank), "", payload)) == payload:
+        store.add(registration.ARRIVED, 1)
         return 1
-    claim = int(store.add(registry.claim_key(rank), 1)) + 1
-    store.set(registry.reg_key(rank, claim), payload)
-    store.append(registry.DUPLICATES, f"{rank}:{claim},")
+    claim = int(store.add(registration.claim_key(rank), 1)) + 1
+    store.set(registration.reg_key(rank, claim), payload)
+    store.append(registration.DUPLICATES, f"{rank}:{claim},")
     return claim
 
 
@@ -70,9 +70,9 @@ def await_verdict(store: Any, timeout_s: float, world_size: int) -> dict[str, An
     explicit wait first would cost a third round trip.
     """
     previous = store.timeout
-    store.set_timeout(timedelta(seconds=timeout_s + registry.verdict_margin_s(world_size)))
+    store.set_timeout(timedelta(seconds=timeout_s + registration.verdict_margin_s(world_size)))
     try:
-        return json.loads(store.get(registry.VERDICT))
+        return json.loads(store.get(registration.VERDICT))
     finally:
         store.set_timeout(previous)
 
@@ -80,8 +80,8 @@ def await_verdict(store: Any, timeout_s: float, world_size: int) -> dict[str, An
 def report_error(store: Any, rank: int, text: str) -> None:
     """Tell the controller what went wrong on this rank (best effort: the store may be gone)."""
     try:
-        store.set(registry.error_key(rank), text[-20000:])
-        store.append(registry.ERRORED, f"{rank},")
+        store.set(registration.error_key(rank), text[-20000:])
+        store.append(registration.ERRORED, f"{rank},")
     except Exception:  # noqa: BLE001 - reporting must never mask the original error
         traceback.print_exc()
 

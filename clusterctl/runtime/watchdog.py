@@ -1,8 +1,9 @@
 """The watchdog: hang and straggler verdicts from the ranks' heartbeats, while training runs.
 
-Pure: it is fed heartbeat messages and process facts with the time they were
-received, and asked `check(now)`; it does no I/O and reads no clock, so every
-rule is tested with made-up timelines. The controller owns the sockets.
+Pure: it is fed heartbeat messages, process facts and lost aggregators with
+the time they were received, and asked `verdict(now)`; it does no I/O and
+reads no clock, so every rule is tested with made-up timelines. The watch
+server (runtime/watchserver.py) feeds it; the controller acts on what it says.
 
 Rules (the README's "Watching a job" section says the same):
 
@@ -15,6 +16,9 @@ Rules (the README's "Watching a job" section says the same):
   process is stopped or whose liveness beat stopped; the rank that never
   entered the collective its peers wait in; the rank behind its peers' step.
   The ranks waiting for it are victims, never culprits.
+* Lost node (86): a node's aggregator vanished without saying goodbye and
+  stayed gone for `NODE_LOST_CONFIRM_S`: said at once, rather than when srun
+  ends, which on a dead node waits until Slurm declares it down.
 * Straggler (83): over the last `watchdog.window` steps, a rank's median
   compute time (the part of the step outside collectives) exceeds its peers'
   median by `watchdog.straggler_factor`, or its own median of an earlier
@@ -31,13 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.registry import Verdict
+from clusterctl.rundir.runjson import RunJson
+from clusterctl.rundir.verdict import Verdict
+from clusterctl.runtime.blame import Facts, TaskEnd, lost_node_verdict
 
 HANG_MULTIPLE = 5.0
 HANG_FLOOR_S = 3.0
 LIVENESS_TIMEOUT_S = 4.0  # beats come every second: four missed in a row
 WARMUP_STEPS = 5
 PERSIST_STEPS = 5  # a straggler must stay one this many steps: noise flickers, a slow GPU persists
+NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 PROGRESS_KINDS = ("phase", "step")
 WAITING_PHASES = ("collective",)
 
@@ -50,14 +57,9 @@ class Settings:
     window: int = 20
 
     @classmethod
-    def from_run(cls, run: dict[str, Any]) -> Settings:
-        wd = run.get("watchdog", {})
-        return cls(
-            hang_timeout=float(wd.get("hang_timeout", cls.hang_timeout)),
-            save_timeout=float(wd.get("save_timeout", cls.save_timeout)),
-            straggler_factor=float(wd.get("straggler_factor", cls.straggler_factor)),
-            window=int(wd.get("window", cls.window)),
-        )
+    def from_run(cls, run: RunJson) -> Settings:
+        wd = run.watchdog
+        return cls(float(wd.hang_timeout), float(wd.save_timeout), float(wd.straggler_factor), int(wd.window))
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Watchdog:
         self.started: float | None = None
         self.last_progress: float | None = None
         self.gpu_samples: dict[str, dict[str, Any]] = {}  # node -> latest sample per GPU
+        self.lost_nodes: dict[str, float] = {}  # node -> when its aggregator vanished without goodbye
         self._suspect: tuple[int, int] | None = None  # (rank, step when first flagged)
 
     # --- input -------------------------------------------------------------------
@@ -141,6 +144,38 @@ class Watchdog:
 
     def observe_gpus(self, node: str, sample: dict[str, Any]) -> None:
         self.gpu_samples[node] = sample
+
+    def observe_node_lost(self, node: str, when: float) -> None:
+        """A node's aggregator vanished without saying goodbye."""
+        self.lost_nodes.setdefault(node, when)
+
+    # --- what it says ------------------------------------------------------------------
+    def verdict(self, now: float) -> Verdict | None:
+        """The verdict due now while the ranks train, or None: a lost node, else a hang or a straggler.
+
+        Once ranks are ending (a process gone, a loop closed) the end-of-attempt blame decides, not the clock.
+        """
+        if self.lost_nodes:
+            node, when = min(self.lost_nodes.items(), key=lambda item: item[1])
+            if now - when < NODE_LOST_CONFIRM_S:
+                return None
+            return lost_node_verdict(self.facts(), node, when)
+        if any(r.process == "gone" or r.closed for r in self.ranks):
+            return None
+        return self.check(now)
+
+    def accounted(self) -> bool:
+        """Each rank's end seen, or never to be seen (no process known, its node lost)."""
+        return all(r.process == "gone" or r.pid is None or r.node in self.lost_nodes for r in self.ranks)
+
+    def facts(
+        self, gpus: dict[int, Any] | None = None, errors: dict[int, str] | None = None, srun: list[TaskEnd] | None = None,
+        failed_nodes: set[str] | None = None,
+    ) -> Facts:
+        """What the blame (runtime/blame.py) decides from: these, and when each rank's process was seen gone."""
+        deaths = {r.rank: r.gone_at for r in self.ranks if r.gone_at is not None}
+        return Facts(self.world, self.hosts, self.gpn, gpus or {}, errors or {}, srun or [], deaths, dict(self.lost_nodes),
+                     failed_nodes or set())
 
     # --- rules ---------------------------------------------------------------------
     def hang_timeout(self) -> tuple[float, str]:

@@ -1,18 +1,12 @@
-"""The controller's side of the heartbeat path: aggregators' batches in, verdicts out.
+"""The controller's side of the heartbeat path: a transport that feeds the watchdog.
 
 One thread serves every node aggregator's TCP connection (JSON lines, a
 `hello` with the attempt token first: a stale aggregator is turned away),
-feeds the watchdog, appends what it learns to attempt-N/timeline.jsonl and,
-once armed (the rendezvous passed), asks the watchdog for a verdict a few
-times a second. A verdict is handed to the controller's callback once.
-
-timeline.jsonl, one JSON object per line, `t` the controller's receive time:
-  {"t", "kind": "phase", "rank", "node", "step", "phase", "at"}     a rank entered a phase (`at`: the rank's clock)
-  {"t", "kind": "step", "rank", "node", "step", "phase", "at", "step_s", "compute_s"}  a rank finished a step
-  {"t", "kind": "gone", "rank", "node", "pid"}         the rank's process ended
-  {"t", "kind": "gpu", "node", "gpus": {index: facts}} an NVML sample
-  {"t", "kind": "node_lost", "node"}                   its aggregator vanished
-  {"t", "kind": "verdict", "code", "message"}          the watchdog's verdict
+feeds the watchdog, appends what it learns to attempt-N/timeline.jsonl
+(rundir/timeline.py has the records) and, once armed (the rendezvous
+passed), asks the watchdog a few times a second whether a verdict is due.
+The first finding goes to the controller's callback, once; the controller
+records it (runtime/verdicts.py) and acts on it through `send_all`.
 """
 
 from __future__ import annotations
@@ -23,41 +17,14 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
-from clusterctl import rundir
-from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import write_json_atomic
-from clusterctl.runtime import registry
-from clusterctl.runtime.blame import Facts, TaskEnd, judge_end, lost_node_verdict, node_failures, parse_srun_lines
+from clusterctl.rundir import timeline
+from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.watchdog import Watchdog
 
 CHECK_EVERY_S = 0.25
 MAX_LINE = 1 << 24
-DUMP_WAIT_S = 3.0  # how long the survivors get to write their stacks before they are stopped
-NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
-SETTLE_S = 2.0  # how long the end-of-attempt judgement waits for the aggregators' last words
-
-
-def _task_ends(srun_log: Path) -> list[TaskEnd]:
-    try:
-        return parse_srun_lines(srun_log.read_text(errors="replace").splitlines())
-    except OSError:
-        return []
-
-
-def _node_failures(srun_log: Path) -> set[str]:
-    try:
-        return node_failures(srun_log.read_text(errors="replace").splitlines())
-    except OSError:
-        return set()
-
-
-def _written(attempt_dir: Path, rank: int) -> bool:
-    try:
-        return rundir.stack_file(attempt_dir, rank).stat().st_size > 0
-    except OSError:
-        return False
 
 
 class WatchServer:
@@ -66,8 +33,8 @@ class WatchServer:
         listener: socket.socket,
         token: str,
         watchdog: Watchdog,
-        timeline: Path,
-        on_finding: Callable[[registry.Verdict], None],
+        timeline_path: Path,
+        on_finding: Callable[[Verdict], None],
         log: Callable[[str], None] = print,
     ) -> None:
         self.listener = listener
@@ -79,11 +46,10 @@ class WatchServer:
         self.changed = threading.Condition(self.lock)
         self.selector = selectors.DefaultSelector()
         self.conns: dict[socket.socket, dict[str, Any]] = {}  # conn -> {node, buffer, greeted}
-        self.lost_nodes: dict[str, float] = {}
-        self.finding: registry.Verdict | None = None
+        self.finding: Verdict | None = None
         self.armed = False
         self.closing = False
-        self._timeline: TextIO = open(timeline, "a", encoding="utf-8")
+        self._timeline = timeline.TimelineWriter(timeline_path)
         self._thread = threading.Thread(target=self._serve, name="clusterctl-watch", daemon=True)
 
     @property
@@ -128,44 +94,6 @@ class WatchServer:
                     return False
                 self.changed.wait(left)
         return True
-
-    # --- acting on a verdict, judging the end ----------------------------------------
-    def respond(self, verdict: registry.Verdict, attempt_dir: Path) -> registry.Verdict:
-        """Write the verdict; on a hang, collect the survivors' stacks first; then stop every rank."""
-        write_json_atomic(attempt_dir / rundir.VERDICT, verdict.as_dict())
-        self.log(verdict.message)
-        if verdict.code == ExitCode.HANG:
-            self.send_all("dump")
-            waiting = [v["rank"] for v in verdict.victims]
-            deadline = time.monotonic() + DUMP_WAIT_S
-            while time.monotonic() < deadline and not all(_written(attempt_dir, r) for r in waiting):
-                time.sleep(0.1)
-            stacks = {str(r): str(rundir.stack_file(attempt_dir, r).relative_to(attempt_dir)) for r in waiting if _written(attempt_dir, r)}
-            traces = sorted(p.name for p in attempt_dir.glob(f"{rundir.NCCL_TRACE_PREFIX}*"))
-            verdict.evidence["stacks"] = stacks
-            if traces:
-                verdict.evidence["nccl_flight_recorder"] = traces
-            write_json_atomic(attempt_dir / rundir.VERDICT, verdict.as_dict())
-        self.send_all("kill")
-        return verdict
-
-    def judge_end(self, errors: dict[int, str], srun_log: Path, gpus: dict[int, Any]) -> registry.Verdict | None:
-        """The attempt ended: culprits apart from victims, from srun's task lines, the ranks' errors,
-        and what the aggregators saw (when each process ended, which nodes vanished)."""
-        if not errors and not self.lost_nodes and not any(e.signalled or e.exit_code for e in _task_ends(srun_log)):
-            return None  # every rank ended well (or on request): nothing to judge
-        states = self.watchdog.ranks
-
-        def accounted() -> bool:  # each rank's end seen, or never to be seen
-            return all(r.process == "gone" or r.pid is None or r.node in self.lost_nodes for r in states)
-
-        self.wait_until(accounted, SETTLE_S)
-        with self.lock:
-            deaths = {r.rank: r.gone_at for r in states if r.gone_at is not None}
-            lost = dict(self.lost_nodes)
-        wd = self.watchdog
-        facts = Facts(wd.world, wd.hosts, wd.gpn, gpus, errors, _task_ends(srun_log), deaths, lost, _node_failures(srun_log))
-        return judge_end(facts)
 
     def close(self) -> None:
         with self.lock:
@@ -253,15 +181,13 @@ class WatchServer:
             for beat in msg.get("beats", []):
                 if beat.get("kind") == "gpu":
                     self.watchdog.observe_gpus(node, beat.get("gpus", {}))
-                    self._write({"t": now, "kind": "gpu", "node": node, "gpus": beat.get("gpus", {})})
+                    self._timeline.write(timeline.GPU, now, node=node, gpus=beat.get("gpus", {}))
                     continue
                 self.watchdog.observe(beat, now)
-                if beat.get("kind") in ("phase", "step"):
-                    record = {"t": now, "kind": beat["kind"], "rank": beat.get("rank"), "node": node}
-                    record.update(step=beat.get("step"), phase=beat.get("phase"), at=beat.get("t"))
-                    if beat["kind"] == "step":
-                        record.update(step_s=beat.get("step_s"), compute_s=beat.get("compute_s"))
-                    self._write(record)
+                if beat.get("kind") in (timeline.PHASE, timeline.STEP):
+                    self._timeline.write(beat["kind"], now, rank=beat.get("rank"), node=node, step=beat.get("step"),
+                                         phase=beat.get("phase"), at=beat.get("t"), step_s=beat.get("step_s"),
+                                         compute_s=beat.get("compute_s"))
             for rank, status in (msg.get("procs") or {}).items():
                 if str(rank).isdigit():
                     self.watchdog.observe_process(int(rank), status, now)
@@ -270,7 +196,7 @@ class WatchServer:
             rank = int(msg.get("rank", -1))
             when = float(msg.get("t", now))
             self.watchdog.observe_process(rank, "gone", when)
-            self._write({"t": now, "kind": "gone", "rank": rank, "node": node, "pid": msg.get("pid"), "at": when})
+            self._timeline.write(timeline.GONE, now, rank=rank, node=node, pid=msg.get("pid"), at=when)
             self._timeline.flush()
         elif kind == "bye":
             info["bye"] = True
@@ -285,8 +211,8 @@ class WatchServer:
             self.conns.pop(conn, None)
             node = info.get("node")
             if info.get("greeted") and not info.get("bye") and not self.closing and node:
-                self.lost_nodes.setdefault(node, time.time())
-                self._write({"t": time.time(), "kind": "node_lost", "node": node})
+                self.watchdog.observe_node_lost(node, time.time())
+                self._timeline.write(timeline.NODE_LOST, time.time(), node=node)
                 self._timeline.flush()
                 self.log(f"lost the aggregator of node {node}")
             self.changed.notify_all()
@@ -296,28 +222,10 @@ class WatchServer:
         with self.lock:
             if not self.armed or self.finding is not None:
                 return
-            if self.lost_nodes:
-                finding = self._node_lost(now)
-            elif any(r.process == "gone" or r.closed for r in self.watchdog.ranks):
-                return  # ranks are ending: the end-of-attempt judgement decides, not the hang clock
-            else:
-                finding = self.watchdog.check(now)
+            finding = self.watchdog.verdict(now)
             if finding is None:
                 return
             self.finding = finding
-            self._write({"t": now, "kind": "verdict", "code": finding.code, "message": finding.message})
+            self._timeline.write(timeline.VERDICT, now, code=finding.code, message=finding.message)
             self._timeline.flush()
         self.on_finding(finding)
-
-    def _node_lost(self, now: float) -> registry.Verdict | None:
-        """An aggregator gone without goodbye for NODE_LOST_CONFIRM_S: its node is lost, said now rather
-        than when srun ends, which on a dead node waits until Slurm declares it down (SlurmdTimeout)."""
-        node, when = min(self.lost_nodes.items(), key=lambda item: item[1])
-        if now - when < NODE_LOST_CONFIRM_S:
-            return None
-        wd = self.watchdog
-        deaths = {r.rank: r.gone_at for r in wd.ranks if r.gone_at is not None}
-        return lost_node_verdict(Facts(wd.world, wd.hosts, wd.gpn, deaths=deaths, lost_nodes=dict(self.lost_nodes)), node, when)
-
-    def _write(self, record: dict[str, Any]) -> None:
-        self._timeline.write(json.dumps(record) + "\n")

@@ -7,7 +7,7 @@
 - `probe`: the same facts read live on a compute node (nvidia-smi and sysfs);
 - `cpus`: how GPUs that share a socket's CPUs get disjoint CPU sets;
 - `build`: choosing each GPU's NIC, numbering the rails, and assembling the
-  site config (a dict that `clusterctl.site` validates, and its YAML);
+  site config (a dict that `clusterctl.config.site` validates, and its YAML);
 - `checks`: `site validate`'s check that a rendered job binds every rank as
   the rail map says.
 

@@ -3,7 +3,7 @@
 Inputs are `NodeFacts` (one node type's GPUs with their CPU lists, NUMA
 nodes and distance to each NIC) from `nvidia-smi topo -m`, a live probe or
 gres.conf, plus `ImportOptions` from the command line. The output is a plain
-dict in the site config's layout, checked with `clusterctl.site` before it
+dict in the site config's layout, checked with `clusterctl.config.site` before it
 is returned, and its YAML.
 
 How each GPU's NIC is chosen (documented in the README):
@@ -34,8 +34,8 @@ from typing import Any
 
 import yaml
 
-from clusterctl import hostlist
-from clusterctl.cpulist import format_cpulist
+from clusterctl.syntax import hostlist
+from clusterctl.syntax.cpulist import format_cpulist
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.siteimport.cpus import CpuSplitError, disjoint_sets
 from clusterctl.siteimport.nvsmi import LEVEL_RANK, Topo
@@ -428,7 +428,7 @@ def build_site(
     interface_guess: str | None = None,
 ) -> Built:
     """Assemble and check the site: one partition per node type (the first is the default)."""
-    from clusterctl.site import rail_optimized, site_problems
+    from clusterctl.config.site import rail_optimized, site_problems
 
     warnings: list[str] = []
     types: dict[str, dict[str, Any]] = {}
@@ -499,7 +499,7 @@ def build_site(
 def _validated(data: dict[str, Any]) -> Any:
     from pydantic import ValidationError
 
-    from clusterctl.site import Site
+    from clusterctl.config.site import Site
 
     try:
         return Site.model_validate(_plain(data))

@@ -3,10 +3,10 @@
 For each node type, a one-node job (tp = 1, one rank per GPU) is planned on
 a partition of that type and rendered with the site's templates. Three
 statements of the binding must agree with the node type's GPUs: the
-binding table (`clusterctl.binding.binding_table`, which run.json carries),
+binding table (`clusterctl.plan.binding.binding_table`, which run.json carries),
 the bash arrays of the rendered wrapper (GPU_CPUS, GPU_NCPUS, GPU_NUMA,
 GPU_NICS, GPU_HCA, GPU_UCX), and the environment each local rank gets
-(`clusterctl.binding.rank_env`, the Python statement of what the wrapper
+(`clusterctl.plan.binding.rank_env`, the Python statement of what the wrapper
 computes). A site whose own templates bind differently fails here, with the
 GPU, what the wrapper does and what the rail map says.
 """
@@ -18,9 +18,9 @@ import shlex
 from pathlib import Path
 
 from clusterctl import envnames
-from clusterctl.binding import IB_KINDS, binding_table, rank_env
+from clusterctl.plan.binding import IB_KINDS, binding_table, rank_env
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
-from clusterctl.site import NodeType, Site
+from clusterctl.config.site import NodeType, Site
 
 RUN_DIR = Path("/clusterctl-site-check/run")
 _ARRAY = re.compile(r"^(GPU_[A-Z]+)=\((.*)\)\s*$", re.M)
@@ -50,8 +50,8 @@ def wrapper_arrays(wrapper: str) -> dict[str, list[str]]:
 def binding_problems(site: Site, site_path: Path | None) -> tuple[list[Problem], list[str]]:
     """Problems (errors) and warnings from rendering a one-node job per node type."""
     from clusterctl.plan import make_plan
-    from clusterctl.render import render_run
-    from clusterctl.spec import JobSpec
+    from clusterctl.render.scripts import render_run
+    from clusterctl.config.spec import JobSpec
 
     problems: list[Problem] = []
     warnings: list[str] = []
@@ -93,7 +93,7 @@ def binding_problems(site: Site, site_path: Path | None) -> tuple[list[Problem],
             for key, value in got.items():
                 if value != want[key]:
                     problems.append(_mismatch(base, row.gpu, "binding table", key, value, want[key]))
-        if rendered.run_json["node_type"]["binding"] != [row.as_dict() for row in table]:
+        if list(rendered.run_json.node_type.binding) != [row.as_dict() for row in table]:
             problems.append(Problem(f"{base}.gpus", name, "expected run.json to carry the binding table unchanged"))
         arrays = wrapper_arrays(rendered.files["wrapper.sh"])
         if not arrays:

@@ -20,7 +20,7 @@ import copy
 from collections.abc import Callable
 from pathlib import Path
 
-from clusterctl import hostlist
+from clusterctl.syntax import hostlist
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.siteimport.build import (
     Built,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from clusterctl.cpulist import parse_cpulist
+from clusterctl.syntax.cpulist import parse_cpulist
 from clusterctl.errors import OMIT, ConfigError, Problem
 
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")

@@ -30,7 +30,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from clusterctl.cpulist import parse_cpulist
+from clusterctl.syntax.cpulist import parse_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.siteimport.build import NicFacts, NodeFacts, facts_from_topo, guess_kind

@@ -17,13 +17,13 @@ from clusterctl.trainer.loop import TrainConfig, train
 def config_from(argv: list[str] | None = None) -> TrainConfig:
     run = run_settings()
     base = TrainConfig()
-    if run:
-        model = run.get("model") or {}
+    if run is not None:
+        model = run.model or {}
         base = dataclasses.replace(
             base,
-            micro=run["batch"]["micro"],
-            grad_accum=run["batch"]["grad_accum"],
-            seq_len=run["seq_len"],
+            micro=run.batch.micro,
+            grad_accum=run.batch.grad_accum,
+            seq_len=run.seq_len,
             layers=model.get("layers") or base.layers,
             hidden=model.get("hidden") or base.hidden,
             heads=model.get("heads") or base.heads,

@@ -27,6 +27,7 @@ directly (standalone scripts).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import signal
@@ -39,19 +40,19 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames, rundir
+from clusterctl.rundir import runjson
+from clusterctl.rundir.runjson import CheckpointRecord, RunJson
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime import registry
+from clusterctl.runtime import registration
 from clusterctl.runtime import heartbeat as heartbeats
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
 
-def run_settings() -> dict[str, Any]:
-    """run.json when running under clusterctl, else {}."""
+def run_settings() -> RunJson | None:
+    """run.json when running under clusterctl, else None."""
     run_dir = os.environ.get(envnames.RUN_DIR)
-    if not run_dir:
-        return {}
-    return json.loads((Path(run_dir) / rundir.RUN_JSON).read_text())
+    return runjson.load(Path(run_dir)) if run_dir else None
 
 
 def rng_state() -> dict[str, str]:
@@ -106,29 +107,29 @@ class Contract:
         from clusterctl.checkpoint import Checkpointer
 
         run = run_settings()
-        ckpt = run.get("checkpoint", {})
+        ckpt = run.checkpoint if run is not None else CheckpointRecord()
         run_dir = os.environ.get(envnames.RUN_DIR)
-        default_dir = Path(run_dir) / rundir.CHECKPOINTS if run_dir else Path("checkpoints")
-        self.directory = Path(directory or ckpt.get("dir") or default_dir)
-        configured = ckpt.get("interval", 1000)
+        default_dir = run.checkpoint_dir(Path(run_dir)) if run is not None and run_dir else Path("checkpoints")
+        self.directory = Path(directory or default_dir)
+        configured = ckpt.interval
         # interval: auto -> the plan's Young/Daly seconds, turned into steps once step times are known.
-        self.auto_interval_s = ckpt.get("auto_interval_s") if configured == "auto" and not interval else None
+        self.auto_interval_s = ckpt.auto_interval_s if configured == "auto" and not interval else None
         self.interval: int | None = interval or (configured if isinstance(configured, int) else None)
         if self.interval is None and self.auto_interval_s is None:
             self.interval = 1000
         self._step_marks: list[float] = []
-        self.asynchronous = ckpt.get("async", False) if asynchronous is None else asynchronous
+        self.asynchronous = ckpt.async_ if asynchronous is None else asynchronous
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.heartbeat = heartbeats.shared(self.rank, int(os.environ.get(envnames.ATTEMPT, "0") or 0))
         self.checkpointer = Checkpointer(
             self.directory,
-            keep=keep or ckpt.get("keep", 2),
+            keep=keep or ckpt.keep,
             rank=self.rank,
             world_size=self.world,
-            spec_hash=run.get("spec_hash", ""),
-            layout=run.get("parallel"),
+            spec_hash=run.spec_hash if run is not None else "",
+            layout=dataclasses.asdict(run.parallel) if run is not None else None,
         )
         self._stop_local = False
         for sig in STOP_SIGNALS:
@@ -254,7 +255,7 @@ class Contract:
             from clusterctl.runtime import rendezvous
 
             store = rendezvous.CURRENT_STORE
-            if store is not None and store.check([registry.STOP]):
+            if store is not None and store.check([registration.STOP]):
                 self._stop_local = True
         return self._stop_local
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames, rundir
+from clusterctl.rundir.metrics import MetricsWriter
 from clusterctl.trainer import busy
 from clusterctl.runtime.computeclock import compute_clock
 from clusterctl.trainer.contract import Contract
@@ -196,7 +197,8 @@ def check_layout() -> None:
     """The reference trainer is data parallel only: refuse a plan that asks for more."""
     from clusterctl.trainer.contract import run_settings
 
-    par = run_settings().get("parallel") or {}
+    run = run_settings()
+    par = run.parallel.sizes() if run is not None else {}
     other = {k: v for k, v in par.items() if k in ("tp", "pp", "cp", "ep") and v != 1}
     if other:
         dims = ", ".join(f"{k}={v}" for k, v in sorted(other.items()))
@@ -221,7 +223,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     contract.describe(**described(config, world, device))
     start = contract.resume()
     where = out_dir(config)
-    metrics = open(where / rundir.METRICS, "a") if rank == 0 else None
+    metrics = MetricsWriter(where / rundir.METRICS) if rank == 0 else None
     samples = open(where / f"samples-rank{rank}.jsonl", "a") if config.record_samples else None
     tokens_per_sample = config.seq_len if config.model == "transformer" else 1
     step_times: list[float] = []
@@ -300,8 +302,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 if rank == 0:
                     print(f"target validation loss {config.target_loss} reached at step {step} after {reached['seconds']} s", flush=True)
         if metrics is not None:
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
+            metrics.write(record)
         hb.phase("idle", step)
         contract.after_step(step)
     contract.close()
@@ -312,7 +313,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
         summary["busy_units_per_step"] = busy_units
     if rank == 0:
         print("clusterctl trainer: " + json.dumps(summary), flush=True)
-        (where / "trainer-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (where / rundir.TRAINER_SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
     for fh in (metrics, samples):
         if fh is not None:
             fh.close()

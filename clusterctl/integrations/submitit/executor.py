@@ -33,8 +33,8 @@ from clusterctl.integrations.submitit.paths import RunPaths, write_atomic
 
 if tp.TYPE_CHECKING:
     from clusterctl.backends import Backend
-    from clusterctl.job import Job as ClusterJob
-    from clusterctl.runstate import RunState
+    from clusterctl.plan.job import Job as ClusterJob
+    from clusterctl.views.state import RunState
 
 R = tp.TypeVar("R", covariant=True)
 
@@ -104,7 +104,7 @@ def spec_overrides(parameters: dict[str, tp.Any], *, default_timeout: bool) -> l
 
 def submitit_state(state: str) -> str:
     """clusterctl's run state in submitit's (Slurm's) words."""
-    from clusterctl import runstate
+    from clusterctl.views import state as runstate
 
     return {
         runstate.PENDING: "PENDING",
@@ -122,14 +122,14 @@ def derive_run(run_dir: Path) -> RunState:
     """The run's state as `clusterctl status` derives it: the run directory and one question about one job."""
     from clusterctl.backends import get_backend
     from clusterctl.rundir import RunDir
-    from clusterctl.runstate import derive_one
+    from clusterctl.views.state import derive_one
 
     return derive_one(RunDir(run_dir), get_backend)  # a scheduler that cannot be asked: the run directory decides
 
 
 def _sets_budget(spec: Path) -> bool:
     """Whether the spec file itself says restart.budget (then it is the user's choice, kept)."""
-    from clusterctl.yamlload import load_yaml
+    from clusterctl.config.yamlload import load_yaml
 
     data = load_yaml(spec, "job spec").data
     restart = data.get("restart") if isinstance(data, dict) else None
@@ -145,7 +145,7 @@ class RunWatcher:
         self._lock = threading.Lock()
 
     def state(self, run_dir: Path, force: bool = False) -> RunState:
-        from clusterctl.runstate import FINAL
+        from clusterctl.views.state import FINAL
 
         with self._lock:
             hit = self._seen.get(run_dir)
@@ -202,7 +202,7 @@ class ClusterctlJob(core.Job[R]):
 
     def done(self, force_check: bool = False) -> bool:
         """Whether the run has ended (completed, failed, cancelled), through restarts and continuation jobs."""
-        from clusterctl.runstate import FINAL
+        from clusterctl.views.state import FINAL
 
         return self.run_state(force_check).state in FINAL
 
@@ -212,7 +212,7 @@ class ClusterctlJob(core.Job[R]):
         A run that has ended is left as it is (a cancel would mark a completed run cancelled).
         """
         from clusterctl.rundir import RunDir
-        from clusterctl.runcontrol import cancel_run
+        from clusterctl.actions.cancel import cancel_run
 
         if self.done(force_check=True):
             return
@@ -257,14 +257,14 @@ class ClusterctlJob(core.Job[R]):
     def _get_logs_string(self, name: str) -> str | None:
         """This rank's lines from every attempt's node log (srun labels each with the rank); both streams."""
         from clusterctl import rundir
-        from clusterctl.runlogs import list_attempts, node_log_name, parse_label
+        from clusterctl.views.logs import list_attempts, parse_label
 
         run = rundir.RunDir(self._run_dir)
         gpn = int((rundir.read_json(run.run_json) or {}).get("gpus_per_node") or 1)
         rank = self.task_id or 0
         lines: list[str] = []
         for attempt in list_attempts(run):
-            path = run.attempt(attempt.number) / rundir.LOGS / node_log_name(rank // gpn)
+            path = rundir.node_log(run.attempt(attempt.number), rank // gpn)
             try:
                 text = path.read_text(errors="replace")
             except OSError:
@@ -344,7 +344,7 @@ class ClusterctlExecutor(core.PicklingExecutor):
 
     def load_job(self) -> ClusterJob:
         """The clusterctl job a submission makes: the spec, the parameters, this folder as runs root, our command."""
-        from clusterctl.job import load_job
+        from clusterctl.plan.job import load_job
 
         path = self._spec_path()
         sets = spec_overrides(self.parameters, default_timeout=self.spec is None)
@@ -359,7 +359,7 @@ class ClusterctlExecutor(core.PicklingExecutor):
 
     def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]) -> list[core.Job[tp.Any]]:
         from clusterctl.backends import get_backend
-        from clusterctl.submit import default_backend
+        from clusterctl.actions.submit import default_backend
 
         job = self.load_job()  # a refused spec submits nothing
         backend = get_backend(self.backend or default_backend(job))
@@ -375,7 +375,7 @@ class ClusterctlExecutor(core.PicklingExecutor):
         """Create the run, put the pickle in it, then hand its batch script to the scheduler."""
         import cloudpickle
 
-        from clusterctl.submit import submit_job, submit_rendered
+        from clusterctl.actions.submit import submit_job, submit_rendered
 
         blob = cloudpickle.dumps(delayed)
         if len(blob) > self.max_pickle_size_gb * 1024**3:

@@ -17,7 +17,6 @@ from submitit.core.utils import JobPaths
 
 from clusterctl import rundir
 from clusterctl.rundir import RunDir, read_json
-from clusterctl.runlogs import node_log_name
 
 class RunPaths(JobPaths):
     """submitit's JobPaths for one rank (`task_id`) of a clusterctl run."""
@@ -51,7 +50,7 @@ class RunPaths(JobPaths):
         run = RunDir(self.run_dir)
         attempts = run.attempts()
         gpn = int((read_json(run.run_json) or {}).get("gpus_per_node") or 1)
-        return run.attempt(attempts[-1] if attempts else 1) / rundir.LOGS / node_log_name(self.task_id // max(gpn, 1))
+        return rundir.node_log(run.attempt(attempts[-1] if attempts else 1), self.task_id // max(gpn, 1))
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.run_dir}, task_id={self.task_id})"

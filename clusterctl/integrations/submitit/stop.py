@@ -30,14 +30,13 @@ from typing import Any
 
 from submitit.core.utils import DelayedSubmission
 
-from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit.paths import save_pickle
-from clusterctl.rundir import RunDir, read_json
-from clusterctl.runtime import registry
+from clusterctl.rundir import RunDir, history, runjson
+from clusterctl.runtime import registration
 
 POLL_S = 0.2  # how often the stop flag is looked at: one tiny store round trip
-DECISION = registry.PREFIX + "submitit/decision"  # rank 0's `go` or `stay`, for the other ranks
+DECISION = registration.PREFIX + "submitit/decision"  # rank 0's `go` or `stay`, for the other ranks
 PEER_WAIT_S = 60.0  # how long other ranks wait for rank 0's decision (its checkpoint() may take a while)
 SIGNAL_EVENT_WAIT_S = 2.0  # the batch shell records the signal before it tells the controller
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
@@ -81,17 +80,14 @@ def attempt_signal(run: RunDir, attempt: int, wait_s: float = SIGNAL_EVENT_WAIT_
     """The stop signal the batch shell recorded for this attempt (USR2, TERM, ...); the spec's pre-timeout one if none."""
     deadline = time.monotonic() + wait_s
     while True:
-        names = [
-            str(e.get("signal") or "")
-            for e in run.events()
-            if e.get("event") == rundir.EVENT_SIGNAL and e.get("attempt") == attempt
-        ]
-        if names or time.monotonic() >= deadline:
+        found = history.read(run).attempt(attempt)
+        name = found.signal if found is not None else None
+        if name or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
-    if names and names[-1]:
-        return names[-1]
-    return str(((read_json(run.run_json) or {}).get("signal") or {}).get("name") or "USR2")
+    if name:
+        return name
+    return (runjson.read(run.path) or runjson.RunJson()).signal.name
 
 
 class StopWatch:
@@ -113,7 +109,7 @@ class StopWatch:
     def _watch(self) -> None:
         while not self._done.wait(POLL_S):
             try:
-                requested = self._store.check([registry.STOP])
+                requested = self._store.check([registration.STOP])
             except Exception:  # noqa: BLE001 - the store left with the controller: nothing more to watch
                 return
             if requested:

@@ -1,0 +1,1 @@
+"""Actions on runs: submit, cancel, requeue, and following a run until it ends."""

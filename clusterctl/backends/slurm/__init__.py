@@ -1,0 +1,1 @@
+"""The Slurm backend: sbatch to submit; the scheduler query (squeue/scontrol, or pyslurm) for everything else."""

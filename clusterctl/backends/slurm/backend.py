@@ -1,0 +1,64 @@
+"""The Slurm backend: submit with sbatch; ask, cancel and signal through the scheduler query.
+
+Submitting stays `sbatch` whatever answers the questions (pyslurm 22.5's job
+description drops `--switches` and `--signal=B:`). Questions and the other
+actions go through `query.choose_query()`: pyslurm where a matching release is
+installed, else squeue/scontrol/scancel (see query.py). Every command has a
+timeout: a hung slurmctld must not hang the user.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from clusterctl.backends.base import Backend, JobInfo, Submission
+from clusterctl.backends.slurm.cliquery import parse_scontrol_job
+from clusterctl.backends.slurm.query import SchedulerQuery, choose_query
+from clusterctl.backends.slurm.commands import UNREACHABLE, failure_code, run, slurm_reason
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
+__all__ = ["UNREACHABLE", "SlurmBackend", "parse_scontrol_job", "slurm_reason"]
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def __init__(self, query: SchedulerQuery | None = None) -> None:
+        self._query = query
+
+    @property
+    def query(self) -> SchedulerQuery:
+        """The scheduler query, chosen on first use (nothing is probed for a backend that only submits)."""
+        if self._query is None:
+            self._query = choose_query()
+        return self._query
+
+    def check(self) -> None:
+        for tool in ("sbatch", "scontrol"):
+            if shutil.which(tool) is None:
+                run([tool])  # raises the clear message
+
+    def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
+        out = run(["sbatch", "--parsable", *(options or []), str(script)], cwd=workdir)
+        if out.returncode != 0:
+            raise ClusterctlError(f"Slurm rejected the job: {slurm_reason(out.stderr)}", failure_code(out.stderr, ExitCode.BAD_CONFIG))
+        job_id = out.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise ClusterctlError(f"sbatch answered {out.stdout.strip()!r}, expected a job id", ExitCode.BUG)
+        return Submission(job_id=job_id, backend=self.name)
+
+    def info(self, job_id: str) -> JobInfo | None:
+        return self.query.job(job_id)
+
+    def info_many(self, job_ids: Sequence[str]) -> dict[str, JobInfo | None]:
+        """One scheduler request for all of them; a job it no longer knows is None."""
+        return self.query.jobs(job_ids)
+
+    def cancel(self, job_id: str) -> None:
+        self.query.cancel(job_id)
+
+    def signal(self, job_id: str, sig: str) -> None:
+        self.query.signal(job_id, sig)

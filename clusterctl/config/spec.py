@@ -1,0 +1,510 @@
+"""The job spec (`job.yaml`): model, loading, `--set` overrides.
+
+Every field any part of clusterctl uses is declared here, so the schema is
+complete from the start and a typo is an error, never silently ignored.
+Cross-field rules that need the site (world size, NVLink domains) live in the
+planner; rules that need only the spec live here.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from clusterctl.errors import ConfigError, Problem
+from clusterctl.config.problems import validate_located
+from clusterctl.syntax.units import format_duration, parse_count, parse_duration
+from clusterctl.config.yamlload import Located, load_yaml
+
+# --- reusable field types ----------------------------------------------------
+
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
+
+_DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "exclusiveMinimum": 0},
+        {"type": "string", "pattern": r"^(\d+(\.\d+)?[smhd]|(\d+-)?\d+(:\d+){0,2})$"},
+    ],
+    "description": "seconds, or a duration such as 90s, 15m, 4h, 1-00:00:00",
+}
+
+Seconds = Annotated[int, PlainValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
+"""A duration in seconds; bare numbers are seconds."""
+
+SlurmMinutes = Annotated[
+    int,
+    PlainValidator(lambda v: parse_duration(v, bare_unit=60)),
+    WithJsonSchema({**_DURATION_SCHEMA, "description": "Slurm time: minutes, or 4h, 1-00:00:00, HH:MM:SS"}),
+]
+"""A Slurm-style duration in seconds; bare numbers are minutes, as in sbatch."""
+
+ParamCount = Annotated[
+    int,
+    PlainValidator(parse_count),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\d+(\.\d+)?\s*[kKmMbBtT]?$"}],
+            "description": "parameter count: 7000000000, 7B, 350M",
+        }
+    ),
+]
+
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SLURM_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@-]*$")
+HOST_EXPR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
+
+Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "XCPU")
+PREFLIGHT_CHECKS = ("gpu", "nic", "cpu", "memory", "dirs", "shared_fs", "comm", "compute")
+DEFAULT_PREFLIGHT = ("gpu", "nic", "cpu", "memory", "dirs", "shared_fs")
+
+
+class Section(BaseModel):
+    """Base for every spec section: unknown keys are errors, values are frozen."""
+
+    # Numbers given where text is expected (argv items, names) are taken as text.
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float, str)):
+        text = str(value)
+        if "\x00" in text:
+            raise ValueError("expected a string without NUL bytes")
+        return text
+    raise ValueError("expected a string, number or boolean")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _script_text(value: Any) -> Any:
+    # bash drops a NUL from a word, so the rank would run something other than run.json records.
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("expected text without NUL bytes (a shell word cannot carry one)")
+    return value
+
+
+def _plain_path(value: Any) -> Any:
+    if isinstance(value, str):
+        bad = _CONTROL.search(value)
+        if bad:
+            raise ValueError(f"expected a path without control characters (found {bad.group()!r})")
+        if not value.strip():
+            raise ValueError("expected a non-empty path (omit the field for the default)")
+    return value
+
+
+ScriptText = Annotated[str, AfterValidator(_script_text)]
+"""Text that reaches a rendered script: any character a shell word can carry."""
+PlainPath = Annotated[str, AfterValidator(_plain_path)]
+"""A directory path: no control characters (they reach #SBATCH lines and file names)."""
+
+EnvValue = Annotated[str, PlainValidator(_env_value), WithJsonSchema({"type": ["string", "number", "boolean"]})]
+EnvName = Annotated[str, Field(pattern=ENV_NAME.pattern)]
+ENV_DESCRIPTION = (
+    "environment variables (NAME: value); a NAME is an environment variable name: letters, digits and _,"
+    " not starting with a digit"
+)
+
+
+# --- sections ----------------------------------------------------------------
+
+
+class Parallel(Section):
+    """Parallel dimensions; dp is derived from the world size when omitted."""
+
+    tp: PositiveInt = Field(1, description="tensor parallel size")
+    pp: PositiveInt = Field(1, description="pipeline parallel size")
+    dp: PositiveInt | None = Field(None, description="data parallel size (derived from nodes when omitted)")
+    cp: PositiveInt = Field(1, description="context parallel size")
+    ep: PositiveInt = Field(1, description="expert parallel size (must divide dp*cp)")
+    vpp: PositiveInt = Field(1, description="virtual pipeline stages per pipeline rank (interleaved 1F1B)")
+
+
+class Batch(Section):
+    """Batch arithmetic: global = micro * grad_accum * dp; give any two of global/grad_accum."""
+
+    micro: PositiveInt = Field(1, description="micro-batch size per data-parallel rank")
+    global_: PositiveInt | None = Field(None, alias="global", description="global batch size (sequences per step)")
+    grad_accum: PositiveInt | None = Field(None, description="micro-batches accumulated per step")
+
+
+class ModelShape(Section):
+    """Model size: either `params`, or the transformer shape (or both)."""
+
+    params: ParamCount | None = Field(None, description="total parameter count (overrides the shape-derived count)")
+    layers: PositiveInt | None = None
+    hidden: PositiveInt | None = None
+    heads: PositiveInt | None = None
+    kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); defaults to heads")
+    ffn: PositiveInt | None = Field(None, description="MLP hidden size; defaults to 4*hidden")
+    vocab: PositiveInt | None = None
+    gated_mlp: bool = Field(True, description="SwiGLU-style MLP with three matrices")
+    tied_embeddings: bool = False
+    experts: NonNegativeInt = Field(0, description="MoE experts per layer (0 = dense)")
+
+    @model_validator(mode="after")
+    def _shape_or_params(self) -> ModelShape:
+        shape = {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "vocab": self.vocab}
+        given = [k for k, v in shape.items() if v is not None]
+        if self.params is None and len(given) < len(shape):
+            missing = ", ".join(k for k in shape if shape[k] is None)
+            raise ValueError(f"give either params, or the shape layers/hidden/heads/vocab (missing: {missing})")
+        if self.hidden is not None and self.heads is not None and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.heads is not None and self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+        return self
+
+
+class Precision(Section):
+    """Compute dtype plus the storage dtypes that decide bytes per parameter."""
+
+    compute: Dtype = Field("bf16", description="matmul dtype")
+    params: Dtype | None = Field(None, description="model weights (default: compute, bf16 for fp8)")
+    grads: Dtype | None = Field(None, description="gradients (default: params)")
+    master: Literal["fp32", "bf16", "none"] | None = Field(
+        None, description="master weights kept by the optimizer (default: fp32 unless params are fp32)"
+    )
+    optimizer: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="optimizer state dtype")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"compute": value} if isinstance(value, str) else value
+
+    @property
+    def params_dtype(self) -> str:
+        if self.params is not None:
+            return self.params
+        return "bf16" if self.compute == "fp8" else self.compute
+
+    @property
+    def grads_dtype(self) -> str:
+        return self.grads or self.params_dtype
+
+    @property
+    def master_dtype(self) -> str:
+        if self.master is not None:
+            return self.master
+        return "none" if self.params_dtype == "fp32" else "fp32"
+
+
+class Topology(Section):
+    """Placement constraints for the allocation."""
+
+    switches: PositiveInt | None = Field(None, description="at most this many leaf switches (sbatch --switches)")
+    switch_wait: SlurmMinutes | None = Field(None, description="how long to wait for --switches")
+    features: list[Annotated[str, Field(pattern=SLURM_WORD.pattern)]] = Field(
+        default_factory=list, description="node features (letters, digits, . _ -), ANDed into --constraint"
+    )
+    exclude: list[Annotated[str, Field(pattern=HOST_EXPR.pattern)]] = Field(
+        default_factory=list, description="node names or hostlist expressions (gpu-[001-004]) never to use"
+    )
+    avoid_suspects: bool = Field(
+        True, description="also exclude nodes a recent verdict blamed (the site's reliability.suspect_hours); false keeps them"
+    )
+    tp_in_nvlink: bool = Field(True, description="require each tensor-parallel group inside one NVLink domain")
+    tp_cp_in_nvlink: bool = Field(False, description="also require each tp*cp group inside one NVLink domain")
+
+
+def _interval(value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError("expected a positive whole number of steps, or auto")
+
+
+class Checkpoint(Section):
+    dir: PlainPath | None = Field(None, description="checkpoint directory (default: <run>/checkpoints); must be shared")
+    interval: Annotated[
+        int | str,
+        PlainValidator(_interval),
+        WithJsonSchema({"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"const": "auto"}]}),
+    ] = Field(1000, description="steps between saves, or auto (Young/Daly)")
+    keep: PositiveInt = Field(2, description="committed generations to retain")
+    async_: bool = Field(False, alias="async", description="save in the background while training continues")
+    save_seconds: float | None = Field(
+        None, gt=0, description="measured time of one save (default: estimated from the state size and the site's bandwidth)"
+    )
+    mtbf: Seconds | None = Field(None, description="mean time between failures of the whole job (default: the site's node MTBF / nodes)")
+
+
+class Restart(Section):
+    budget: NonNegativeInt = Field(3, description="restarts after faults (pre-timeout requeues are not counted)")
+    mode: Literal["continuation", "requeue", "none"] = Field(
+        "continuation", description="how a run continues after leaving the allocation"
+    )
+    in_allocation: bool = Field(True, description="first try a restart inside the same allocation")
+
+
+class Watchdog(Section):
+    hang_timeout: Seconds = Field(120, description="no progress for this long is a hang")
+    straggler_factor: float = Field(1.5, gt=1.0, description="step time over the peers' median by this factor")
+    window: PositiveInt = Field(20, description="steps over which step times are compared")
+    save_timeout: Seconds = Field(900, description="a checkpoint save may take this long")
+
+
+class Preflight(Section):
+    checks: list[Literal[PREFLIGHT_CHECKS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: list(DEFAULT_PREFLIGHT),
+        description="checks run on every rank before training; comm and compute are opt-in",
+    )
+    skip: list[Literal[PREFLIGHT_CHECKS]] = Field(  # type: ignore[valid-type]
+        default_factory=list,
+        exclude=True,  # already applied to `checks`, which run.json and the spec hash carry
+        description="checks left out of the default set (`skip: [nic]`) without listing the others",
+    )
+    timeout: Seconds = Field(120, description="time allowed for the preflight checks")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # `preflight: comm` or `preflight: [comm, compute]` adds to the defaults.
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            unknown = [v for v in value if v not in PREFLIGHT_CHECKS]
+            if unknown:
+                raise ValueError(f"unknown check {unknown[0]!r}; expected some of {', '.join(PREFLIGHT_CHECKS)}")
+            return {"checks": list(DEFAULT_PREFLIGHT) + [v for v in value if v not in DEFAULT_PREFLIGHT]}
+        if isinstance(value, dict) and isinstance(value.get("skip"), str):
+            value = {**value, "skip": [value["skip"]]}  # `--set preflight.skip=nic`
+        if isinstance(value, dict) and isinstance(value.get("skip"), list) and "checks" not in value:
+            # The checks that run are the defaults less the skipped ones; a skipped name that is
+            # no check is left to the field's own validation, which names the choices.
+            skipped = set(v for v in value["skip"] if isinstance(v, str))
+            value = {**value, "checks": [c for c in DEFAULT_PREFLIGHT if c not in skipped]}
+        return value
+
+    @field_validator("skip")
+    @classmethod
+    def _not_also_listed(cls, skip: list[str], info: ValidationInfo) -> list[str]:
+        # Without `checks`, the skipped ones are already gone; with it, they must not be in it.
+        listed = [name for name in skip if name in (info.data.get("checks") or [])]
+        if listed:
+            raise ValueError(
+                f"{listed[0]!r} is also listed in preflight.checks: skip leaves a check out of the default set; "
+                "with an explicit checks list, leave it out of that list instead"
+            )
+        return skip
+
+
+class Signal(Section):
+    name: Literal[SIGNALS] = Field("USR2", description="pre-timeout signal to the batch shell")  # type: ignore[valid-type]
+    lead_s: PositiveInt = Field(300, le=65535, description="seconds before the time limit")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _strip_sig(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.upper().startswith("SIG"):
+            return value[3:].upper()
+        return value.upper() if isinstance(value, str) else value
+
+
+class Rendezvous(Section):
+    port_range: tuple[PositiveInt, PositiveInt] | None = Field(
+        None, description="[low, high] for MASTER_PORT (default: the site's)"
+    )
+    interface: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]+$")] | None = Field(
+        None,
+        description="network interface (letters, digits, . _ : -) to resolve the master address through"
+        " (default: the site's)",
+    )
+    timeout: Seconds = Field(300, description="time for every rank to register")
+
+    @field_validator("port_range")
+    @classmethod
+    def _ports(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None:
+            lo, hi = value
+            if not 1024 <= lo <= hi <= 65535:
+                raise ValueError("expected [low, high] with 1024 <= low <= high <= 65535")
+        return value
+
+
+class Container(Section):
+    image: Annotated[str, Field(pattern=r"^[^\s\x00-\x1f\x7f]+$")] | None = Field(
+        None,
+        description="container image (pyxis --container-image): one word, no spaces or control characters;"
+        " omit the field to run without a container",
+    )
+    mounts: list[Annotated[str, Field(pattern=r"^[^,:\s\x00-\x1f\x7f]+(:[^,:\s\x00-\x1f\x7f]+(:[a-z,]+)?)?$")]] = Field(
+        default_factory=list, description="SRC[:DST[:FLAGS]] (pyxis --container-mounts)"
+    )
+
+
+def _command(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            parts = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot split the command like a shell would: {exc}") from None
+        if not parts:
+            raise ValueError("expected a non-empty command")
+        return parts
+    return value
+
+
+# --- the spec ----------------------------------------------------------------
+
+
+class Qualify(Section):
+    """`clusterctl qualify`: the ladder's test definition and pass criteria (each rung states its criterion)."""
+
+    steps: PositiveInt = Field(60, description="steps of each short rung's run")
+    eval_interval: PositiveInt = Field(10, description="steps between validation losses")
+    target_loss: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="quality target (validation loss); time to reach it is the headline"
+    )
+    nodes: list[PositiveInt] | None = Field(None, description="node counts of the scaling rung (default: 1, 2, 4, ... up to nodes)")
+    balance: float = Field(1.25, gt=1.0, description="one node: the slowest rank's median step time over the fastest's, at most")
+    efficiency: float = Field(0.7, gt=0, le=1.0, description="scaling efficiency (speedup / nodes), at least")
+    data_samples: PositiveInt = Field(1024, description="samples in the data rung's token shards (an epoch)")
+    long_s: PositiveInt = Field(60, description="seconds of steady training in the long rung")
+    loss_tolerance: float = Field(
+        0.0, ge=0, description="restart rung: |resumed loss - baseline| allowed per step; 0 is bit for bit"
+    )
+    recovery_s: Seconds = Field(180, description="failure rung: a killed rank's run must train again within this")
+
+
+class JobSpec(Section):
+    """A training job: what to run, how it is split, and where."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        coerce_numbers_to_str=True,
+        title="clusterctl job spec",
+        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
+    )
+
+    name: Annotated[str, Field(pattern=JOB_NAME.pattern)] = Field(
+        ..., description="job name: letters, digits, . _ -; at most 64 characters"
+    )
+    site: Annotated[PlainPath, Field(min_length=1)] = Field("local", description="site config name or path")
+    partition: Annotated[str, Field(pattern=SLURM_WORD.pattern)] | None = Field(
+        None, description="Slurm partition: letters, digits, . _ - (default: the site's default partition)"
+    )
+    account: Annotated[str, Field(pattern=SLURM_WORD.pattern)] | None = Field(
+        None, description="Slurm account: letters, digits, . _ -"
+    )
+    nodes: PositiveInt | None = Field(None, description="nodes running ranks (derived from the parallel dims)")
+    gpus_per_node: PositiveInt | None = Field(None, description="ranks per node (default: the node type's GPUs)")
+    spares: NonNegativeInt = Field(0, description="extra nodes allocated to replace failing ones")
+    parallel: Parallel = Field(default_factory=Parallel)
+    batch: Batch = Field(default_factory=Batch)
+    seq_len: PositiveInt = Field(2048, description="sequence length in tokens")
+    model: ModelShape | None = Field(None, description="model size, for the memory estimate and layer checks")
+    precision: Precision = Field(default_factory=Precision)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
+    sharding: Literal["none", "zero1", "zero2", "zero3", "full_shard", "hybrid_shard"] = Field(
+        "none", description="optimizer/gradient/parameter sharding over dp*cp (full_shard = zero3 = FSDP)"
+    )
+    hybrid_shard_group: PositiveInt | None = Field(
+        None, description="ranks per shard group for hybrid_shard (default: the dp*cp ranks on one node)"
+    )
+    recompute: Literal["none", "selective", "full"] = "selective"
+    time_limit: SlurmMinutes = Field(..., description="wall time: 4h, 90m, 1-00:00:00; bare numbers are minutes")
+    topology: Topology = Field(default_factory=Topology)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    restart: Restart = Field(default_factory=Restart)
+    watchdog: Watchdog = Field(default_factory=Watchdog)
+    preflight: Preflight = Field(default_factory=Preflight)
+    signal: Signal = Field(default_factory=Signal)
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous)
+    container: Container = Field(default_factory=Container)
+    modules: list[Annotated[str, Field(pattern=MODULE_NAME.pattern)]] = Field(
+        default_factory=list, description="environment modules to load: letters, digits, . _ + / @ -"
+    )
+    env: Annotated[dict[EnvName, EnvValue], BeforeValidator(lambda v: v if v is not None else {})] = Field(
+        default_factory=dict, description=ENV_DESCRIPTION
+    )
+    command: Annotated[
+        list[Annotated[ScriptText, Field(min_length=1)]], Field(min_length=1), BeforeValidator(_command)
+    ] | None = Field(None, description="what each rank runs: an argv list, or a string split like a shell")
+    runs_root: PlainPath | None = Field(
+        None, description="where run directories go (default: the site's); ~ and $VARIABLES are expanded"
+    )
+    qualify: Qualify = Field(default_factory=Qualify, description="clusterctl qualify: test definition and criteria")
+
+
+
+def _cross_checks(spec: JobSpec) -> list[Problem]:
+    """Rules that tie fields of different sections together."""
+    problems = []
+    if spec.signal.lead_s >= spec.time_limit:
+        problems.append(
+            Problem(
+                "time_limit",
+                format_duration(spec.time_limit),
+                f"expected more than signal.lead_s = {spec.signal.lead_s} s (the pre-timeout warning);"
+                " raise time_limit or lower signal.lead_s",
+            )
+        )
+    if spec.hybrid_shard_group is not None and spec.sharding != "hybrid_shard":
+        problems.append(
+            Problem("hybrid_shard_group", spec.hybrid_shard_group, "only allowed with sharding: hybrid_shard")
+        )
+    return problems
+
+
+def json_schema() -> dict[str, Any]:
+    """The published JSON Schema of job.yaml (for editors and CI checks).
+
+    Adds what pydantic cannot see: the shorthands accepted before validation
+    (`precision: bf16`, `preflight: comm`, `command: "python train.py"`).
+    """
+    schema = JobSpec.model_json_schema(by_alias=True)
+    props = schema["properties"]
+    dtypes = list(Dtype.__args__)  # type: ignore[attr-defined]
+    props["precision"] = {
+        "anyOf": [{"enum": dtypes, "description": "compute dtype shorthand"}, {"$ref": "#/$defs/Precision"}],
+        "description": "bf16, fp16, fp32, fp8, or the dtypes of each part",
+    }
+    check = {"enum": list(PREFLIGHT_CHECKS)}
+    props["preflight"] = {
+        "anyOf": [check, {"type": "array", "items": check}, {"$ref": "#/$defs/Preflight"}],
+        "description": "checks added to the defaults, or the full settings",
+    }
+    command = props["command"]
+    props["command"] = {
+        "anyOf": [{"type": "string", "minLength": 1}, *command.get("anyOf", [command])],
+        "description": command.get("description", ""),
+    }
+    return schema
+
+
+def spec_from_located(located: Located, overrides: list[str] | None = None) -> JobSpec:
+    """Validate parsed YAML (plus overrides) into a JobSpec or raise ConfigError."""
+    located = located.with_overrides(overrides or [])
+    spec = validate_located(JobSpec, located, data=located.as_written(("env", "command")))
+    problems = located.with_lines(_cross_checks(spec))
+    if problems:
+        raise ConfigError(located.source, problems)
+    return spec
+
+
+def load_spec(path: Path | str, overrides: list[str] | None = None) -> JobSpec:
+    """Read job.yaml, apply `--set` overrides, validate."""
+    return spec_from_located(load_yaml(Path(path), "job spec"), overrides)

@@ -1,0 +1,305 @@
+"""Render a plan into the files of a run: job.sbatch, wrapper.sh, run.json.
+
+Pure: takes a Plan and where the run directory will be, returns file
+contents. Every value that reaches shell goes through the `sh` filter
+(shlex.quote) or is one of the validated shapes (numbers, job name, node
+names); jinja2 runs with StrictUndefined so a typo in a template fails the
+render instead of producing an empty string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from clusterctl import envnames, rundir
+from clusterctl.syntax import hostlist
+from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
+from clusterctl.errors import ConfigError, Problem
+from clusterctl.exitcodes import ExitCode
+from clusterctl.plan import Plan
+from clusterctl.syntax.ports import FNV_OFFSET, FNV_PRIME
+from clusterctl.config.shipped import shipped_dir
+from clusterctl.syntax.units import format_slurm_time
+from clusterctl.rundir.runjson import (
+    BatchRecord,
+    CheckpointRecord,
+    NodeTypeRecord,
+    Parallel,
+    PreflightRecord,
+    RendezvousRecord,
+    RestartRecord,
+    RunJson,
+    SignalRecord,
+    WatchdogRecord,
+)
+
+SBATCH_TEMPLATE = "job.sbatch.j2"
+WRAPPER_TEMPLATE = "wrapper.sh.j2"
+# #SBATCH lines are not shell: sbatch reads them itself, so paths there must be plain.
+SBATCH_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@:=,-]*$")
+PASSTHROUGH = [c for c in ExitCode if 80 <= c <= 87 or c == ExitCode.DO_NOT_REQUEUE]
+VERDICT_GRACE_S = 15  # srun may outlive a verdict this long (tasks on a lost node) before the batch script stops it
+
+
+def single_quote(value: object) -> str:
+    """Always single-quoted (shlex.quote leaves plain words bare, which shellcheck flags in arrays)."""
+    return "'" + str(value).replace("'", "'\\''") + "'"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    files: dict[str, str]  # file name in the run directory -> content
+    run_json: RunJson
+
+
+def template_env(site_templates: Path | None) -> jinja2.Environment:
+    """Site templates first (they may override any file), then the shipped ones."""
+    dirs = [str(site_templates)] if site_templates else []
+    dirs.append(str(shipped_dir("templates")))
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(dirs),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+        # bash's ${#array[@]} would open a jinja comment with the default "{#".
+        comment_start_string="{##",
+        comment_end_string="##}",
+    )
+    env.filters["sh"] = lambda value: shlex.quote(str(value))
+    env.filters["sq"] = single_quote
+    return env
+
+
+def site_templates_dir(plan: Plan, site_path: Path | None) -> Path | None:
+    """The site's `templates:` directory, relative to the site file."""
+    if not plan.site.templates:
+        return None
+    path = Path(plan.site.templates).expanduser()
+    if not path.is_absolute() and site_path is not None:
+        path = site_path.parent / path
+    return path
+
+
+def controller_argv(python: str, standalone: bool) -> list[str]:
+    """The batch script's controller command (none in standalone mode: rank 0 hosts the store)."""
+    return [] if standalone else [python, "-m", "clusterctl.runtime.controller"]
+
+
+def aggregator_argv(python: str, standalone: bool) -> list[str]:
+    """The node aggregators' command (none in standalone mode: no controller takes their batches)."""
+    return [] if standalone else [python, "-m", "clusterctl.runtime.aggregator"]
+
+
+def recovery_argv(python: str, standalone: bool) -> list[str]:
+    """The batch script's recovery step (none in standalone mode: each job runs one attempt)."""
+    return [] if standalone else [python, "-m", "clusterctl.runtime.nextattempt"]
+
+
+def launcher_argv(plan: Plan, python: str, standalone: bool) -> list[str]:
+    """What the wrapper execs: the user's command, through clusterctl.launch unless standalone."""
+    command = list(plan.spec.command or [])
+    if standalone:
+        return command
+    return [python, "-m", "clusterctl.launch", "--", *command]
+
+
+def render_run(
+    plan: Plan,
+    run_dir: Path,
+    *,
+    python: str,
+    standalone: bool = False,
+    site_path: Path | None = None,
+    run_id: str | None = None,
+) -> Rendered:
+    """Render the batch script, wrapper and run.json for a run directory at `run_dir`."""
+    spec, site, node_type = plan.spec, plan.site, plan.node_type
+    problems = []
+    if not spec.command:
+        problems.append(Problem("command", None, "expected the command each rank runs (an argv list or a string)"))
+    if not SBATCH_SAFE_PATH.match(str(run_dir)):
+        problems.append(
+            Problem(
+                "runs_root",
+                str(run_dir),
+                "expected an absolute path of letters, digits and . _ / + @ : = , - (sbatch reads it unquoted)",
+            )
+        )
+    if spec.container.image and site.container.plugin == "none":
+        problems.append(
+            Problem("container.image", spec.container.image, f"site {site.name} has no container plugin (container.plugin)")
+        )
+    if problems:
+        raise ConfigError("job spec", problems)
+
+    table = binding_table(node_type)
+    layout = plan.dims.layout
+    gpn = plan.gpus_per_node
+    cpus_per_task = 1 if site.oversubscribe else max(1, min(row.ncpus for row in table[:gpn]))
+    port_range = spec.rendezvous.port_range or site.network.port_range
+    srun_extra = []
+    if spec.container.image:
+        srun_extra.append(f"--container-image={spec.container.image}")
+        if spec.container.mounts:
+            srun_extra.append(f"--container-mounts={','.join(spec.container.mounts)}")
+    common = {
+        "name": spec.name,
+        "world": plan.world_size,
+        "nodes": plan.nodes,
+        "spares": spec.spares,
+        "gpus_per_node": gpn,
+        "exit": {c.name: int(c) for c in ExitCode},
+        "env": {k: getattr(envnames, k) for k in dir(envnames) if k.isupper() and isinstance(getattr(envnames, k), str)},
+    }
+    sbatch_ctx = {
+        **common,
+        "partition": plan.partition,
+        "account": spec.account,
+        "nodes_alloc": plan.nodes_allocated,
+        "gres": site.gres,
+        "cpus_per_task": cpus_per_task,
+        "exclusive": not site.oversubscribe,
+        "oversubscribe": site.oversubscribe,
+        "time": format_slurm_time(spec.time_limit),
+        "switches": spec.topology.switches,
+        "switch_wait": format_slurm_time(spec.topology.switch_wait) if spec.topology.switch_wait else None,
+        "constraint": "&".join(spec.topology.features) or None,
+        "exclude": ",".join(spec.topology.exclude) or None,
+        "signal": spec.signal.name,
+        "signal_lead": spec.signal.lead_s,
+        "batch_log": f"{run_dir}/{rundir.BATCH_LOG.format(job='%j')}",
+        "run_dir": str(run_dir),
+        "wrapper": str(run_dir / rundir.WRAPPER),
+        "port_range": port_range,
+        "interface": spec.rendezvous.interface or site.network.interface or "",
+        "address_family": site.network.address_family,
+        "addresses": sorted(site.network.addresses.items()),
+        "modules": [*site.modules, *spec.modules],
+        "site_env": sorted(site.env.items()),
+        "srun_extra": srun_extra,
+        "controller_argv": controller_argv(python, standalone),
+        "aggregator_argv": aggregator_argv(python, standalone),
+        "recovery_argv": recovery_argv(python, standalone),
+        "srun_log": rundir.SRUN_LOG,
+        "verdict_json": rundir.VERDICT,
+        "verdict_grace_s": VERDICT_GRACE_S,
+        "passthrough_codes": [int(c) for c in PASSTHROUGH],
+        "fnv_offset": FNV_OFFSET,
+        "fnv_prime": FNV_PRIME,
+        "attempts_file": rundir.ATTEMPTS,
+        "attempt_prefix": rundir.ATTEMPT_PREFIX,
+        "attempt_json": rundir.ATTEMPT_JSON,
+        "logs_dir": rundir.LOGS,
+    }
+    argv = launcher_argv(plan, python, standalone)
+    wrapper_ctx = {
+        **common,
+        "node_type": plan.node_type_name,
+        "table": table,
+        "visibility_var": VISIBILITY_VAR[node_type.gpu_vendor],
+        "tp": layout.tp,
+        "cp": layout.cp,
+        "dp": layout.dp,
+        "pp": layout.pp,
+        "ep": layout.ep,
+        "coord": {axis: envnames.coord_var(axis) for axis in envnames.COORDS},
+        "job_env": sorted(spec.env.items()),
+        "argv": argv,
+    }
+    env = template_env(site_templates_dir(plan, site_path))
+    try:
+        sbatch = env.get_template(SBATCH_TEMPLATE).render(sbatch_ctx)
+        wrapper = env.get_template(WRAPPER_TEMPLATE).render(wrapper_ctx)
+    except jinja2.TemplateError as exc:
+        where = getattr(exc, "filename", None) or getattr(exc, "name", None) or "template"
+        raise ConfigError("templates", [Problem("templates", str(where), f"expected a template that renders ({exc})")]) from None
+    run_json = build_run_json(plan, run_id, table, argv, port_range, standalone)
+    return Rendered(
+        files={
+            rundir.SBATCH: sbatch,
+            rundir.WRAPPER: wrapper,
+            rundir.RUN_JSON: run_json.to_json(),
+        },
+        run_json=run_json,
+    )
+
+
+def spec_hash(spec: Any) -> str:
+    """A short hash of the resolved spec: a checkpoint records which job wrote it."""
+    text = json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_run_json(
+    plan: Plan,
+    run_id: str | None,
+    table: list[Any],
+    argv: list[str],
+    port_range: tuple[int, int],
+    standalone: bool,
+) -> RunJson:
+    """The static plan: sizes and formulas, never per-rank lists, so it stays small at any scale."""
+    spec, layout, site = plan.spec, plan.dims.layout, plan.site
+    return RunJson(
+        run_id=run_id,
+        name=spec.name,
+        site=site.name,
+        partition=plan.partition,
+        mode="standalone" if standalone else "managed",
+        world_size=plan.world_size,
+        nodes=plan.nodes,
+        spares=spec.spares,
+        exclude=tuple(node for expr in spec.topology.exclude for node in hostlist.expand(expr)),
+        gpus_per_node=plan.gpus_per_node,
+        parallel=Parallel(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.dp, pp=layout.pp, vpp=plan.dims.vpp),
+        node_type=NodeTypeRecord(
+            name=plan.node_type_name,
+            gpu_model=plan.node_type.gpu_model,
+            gpu_vendor=plan.node_type.gpu_vendor,
+            visibility_var=VISIBILITY_VAR[plan.node_type.gpu_vendor],
+            binding=tuple(row.as_dict() for row in table),
+        ),
+        batch=BatchRecord(micro=plan.batch.micro, grad_accum=plan.batch.grad_accum, global_=plan.batch.global_batch),
+        seq_len=spec.seq_len,
+        model=spec.model.model_dump(mode="json") if spec.model else None,
+        precision=spec.precision.model_dump(mode="json"),
+        spec_hash=spec_hash(spec),
+        argv=tuple(argv),
+        command=tuple(spec.command or []),
+        env=dict(sorted(spec.env.items())),
+        site_env=dict(sorted(site.env.items())),
+        rendezvous=RendezvousRecord(
+            port_range=tuple(port_range),  # type: ignore[arg-type]
+            interface=spec.rendezvous.interface or site.network.interface,
+            address_family=site.network.address_family,
+            timeout_s=spec.rendezvous.timeout,
+        ),
+        signal=SignalRecord(name=spec.signal.name, lead_s=spec.signal.lead_s),
+        time_limit_s=spec.time_limit,
+        checkpoint=CheckpointRecord(
+            dir=spec.checkpoint.dir,
+            interval=spec.checkpoint.interval,
+            keep=spec.checkpoint.keep,
+            async_=spec.checkpoint.async_,
+            save_seconds=spec.checkpoint.save_seconds,
+            mtbf=spec.checkpoint.mtbf,
+            auto_interval_s=plan.checkpoint.interval_s if plan.checkpoint else None,
+        ),
+        restart=RestartRecord(budget=spec.restart.budget, mode=spec.restart.mode, in_allocation=spec.restart.in_allocation),
+        watchdog=WatchdogRecord(
+            hang_timeout=spec.watchdog.hang_timeout,
+            straggler_factor=spec.watchdog.straggler_factor,
+            window=spec.watchdog.window,
+            save_timeout=spec.watchdog.save_timeout,
+        ),
+        preflight=PreflightRecord(checks=tuple(spec.preflight.checks), timeout=spec.preflight.timeout),
+        exit_codes={c.name: int(c) for c in ExitCode},
+    )

@@ -1,0 +1,177 @@
+"""The run directory's layout: the one module that spells its names.
+
+    <runs root>/<run id>/
+      spec.yaml, site.yaml     as submitted (resolved)
+      run.json                 the static plan (small at any scale)
+      job.sbatch, wrapper.sh   rendered scripts
+      code/                    git revision + uncommitted diff of the submitting tree; code/tree/: the files
+                               themselves when the run was shipped from another machine (the ranks' working directory)
+      attempts.jsonl           the run's history, one event per line (EVENT_*): each attempt's start
+                               and end, signals, and how the run went on after an attempt (`next`:
+                               in the allocation, continuation job J, requeue, stop)
+      state.json               submission state: rendered, submitted (job id), failed (reason)
+      cancel.json              `clusterctl cancel` was asked: no attempt starts, nothing continues
+      attempt-<N>/
+        attempt.json           job id, attempt, token, master addr/port, nodes
+        manifest.json          every rank's registration
+        timeline.jsonl         phase changes, step times, deaths, GPU samples as received (see runtime/watchserver.py)
+        verdict.json           the controller's verdict: culprits, victims, evidence
+        srun.log               srun's own lines (task N: Killed, ...), the blame's evidence
+        stacks/rank-<R>.txt    Python stacks a rank dumped when a hang was called
+        metrics.jsonl          the trainer's per-step records (loss, step time, tokens/s, validation, wall clock t, train_s)
+        checks.json            comm/compute check results, when asked for
+        record.json            the run record's node-side part: what rank 0 of the trainer resumed from, seeds, data
+        logs/                  per-node logs (node-<slot>.log), lines prefixed by rank
+      checkpoints/
+      submitit/                a function submitted through the submitit executor: submitted.pkl (its
+                               checkpoint after a pre-timeout stop), rank-<R>.result.pkl (value or traceback)
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clusterctl.rundir.jsonio import read_json, write_json_atomic
+
+FORMAT = 1  # the run directory's layout version: a laptop and a login node must agree on it (remote use)
+SPEC = "spec.yaml"
+SITE = "site.yaml"
+RUN_JSON = "run.json"
+SBATCH = "job.sbatch"
+WRAPPER = "wrapper.sh"
+CODE = "code"
+CODE_TREE = "code/tree"  # a shipped copy of the working tree (remote submissions): the ranks run in it
+ATTEMPTS = "attempts.jsonl"
+STATE = "state.json"
+CHECKPOINTS = "checkpoints"
+ATTEMPT_PREFIX = "attempt-"
+ATTEMPT_JSON = "attempt.json"
+MANIFEST = "manifest.json"
+TIMELINE = "timeline.jsonl"
+VERDICT = "verdict.json"
+LOGS = "logs"
+SRUN_LOG = "srun.log"
+STACKS = "stacks"
+NCCL_TRACE_PREFIX = "nccl-trace-rank"  # + rank: the NCCL flight recorder's dump (torch names it)
+NCCL_PIPE_PREFIX = "nccl-pipe-rank"  # + rank + .pipe: writing to it asks for that dump
+CANCEL = "cancel.json"
+BATCH_LOG = "slurm-{job}.out"  # one per job of the run: the batch script's own lines (sbatch --output)
+METRICS = "metrics.jsonl"  # per-step records of rank 0: step, loss, step time, tokens/s, validation
+RECORD = "record.json"  # the run record's node-side part, per attempt (runrecord.py assembles the rest)
+SUBMITIT = "submitit"  # the submitit executor's pickles (integrations/submitit/paths.py names them)
+HOSTS = "hosts"  # attempt-N/hosts: the ranks' nodes, one per line in slot order (srun --nodelist reads it)
+CONTROLLER_JSON = "controller.json"  # attempt-N/: the controller's ports, pid, host and shared-fs marker
+NODE_LOG = "node-{slot}.log"  # attempt-N/logs/: one node's ranks, lines labelled by rank (srun's node-%n.log)
+AGGREGATOR_LOG = "aggregator-{slot}.log"  # attempt-N/logs/: one node's aggregator
+TRAINER_SUMMARY = "trainer-summary.json"  # attempt-N/: the reference trainer's closing figures
+
+
+def new_run_id(name: str, now: float | None = None) -> str:
+    """`<name>-YYYYmmdd-HHMMSS-<4 hex>`: sortable, unique without coordination."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
+    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / RUN_JSON
+
+    @property
+    def sbatch(self) -> Path:
+        return self.path / SBATCH
+
+    @property
+    def wrapper(self) -> Path:
+        return self.path / WRAPPER
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def batch_log(self, job_id: str) -> Path:
+        """The batch log of one of the run's jobs (Slurm's own job id, as SLURM_JOB_ID has it)."""
+        return self.path / BATCH_LOG.format(job=job_id)
+
+    def attempt(self, n: int) -> Path:
+        return self.path / f"{ATTEMPT_PREFIX}{n}"
+
+    def attempts(self) -> list[int]:
+        """Attempt numbers present on disk, ascending."""
+        found = []
+        for entry in self.path.glob(f"{ATTEMPT_PREFIX}*"):
+            suffix = entry.name[len(ATTEMPT_PREFIX) :]
+            if suffix.isdigit():
+                found.append(int(suffix))
+        return sorted(found)
+
+    @property
+    def events_file(self) -> Path:
+        """attempts.jsonl (rundir/history.py owns its format)."""
+        return self.path / ATTEMPTS
+
+    def read_state(self) -> dict[str, Any]:
+        """state.json: what `submit` knew (job id, backend); {} before it is written."""
+        return read_json(self.path / STATE) or {}
+
+    def write_state(self, **fields: Any) -> None:
+        """Merge fields into state.json atomically (write, fsync, rename)."""
+        state = self.read_state()
+        state.update(fields)
+        write_json_atomic(self.path / STATE, state)
+
+
+def node_log(attempt_dir: Path, slot: int) -> Path:
+    """One node's log of an attempt: `node-%n.log`, %n the node's index in the step (its slot)."""
+    return attempt_dir / LOGS / NODE_LOG.format(slot=slot)
+
+
+def node_log_slots(attempt_dir: Path) -> list[int]:
+    """The slots whose node logs exist in an attempt (whether or not attempt.json names their nodes yet)."""
+    head, tail = NODE_LOG.split("{slot}")
+    slots = []
+    for path in (attempt_dir / LOGS).glob(f"{head}*{tail}"):
+        number = path.name[len(head) : len(path.name) - len(tail)]
+        if number.isdigit():
+            slots.append(int(number))
+    return sorted(slots)
+
+
+def read_hosts(attempt_dir: Path) -> list[str]:
+    """attempt-N/hosts: the ranks' nodes in slot order ([] while it is missing)."""
+    try:
+        return (attempt_dir / HOSTS).read_text().split()
+    except OSError:
+        return []
+
+
+def is_run(path: Path) -> bool:
+    return (path / STATE).is_file() or (path / RUN_JSON).is_file()
+
+
+def list_runs(root: Path) -> list[RunDir]:
+    """The run directories under a runs root, newest first (by run id's time stamp, then name)."""
+    try:
+        entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and is_run(p)]
+    except OSError:
+        return []
+    return [RunDir(p) for p in sorted(entries, key=_newest_key, reverse=True)]
+
+
+def _newest_key(path: Path) -> tuple[str, str]:
+    stamp = "-".join(path.name.split("-")[-3:-1])  # <name>-YYYYmmdd-HHMMSS-<hex>
+    return (stamp if len(stamp) == 15 else "", path.name)
+
+
+def stack_file(attempt_dir: Path, rank: int) -> Path:
+    return attempt_dir / STACKS / f"rank-{rank}.txt"

@@ -1,0 +1,220 @@
+"""run.json: the static plan of a run — one typed definition, its writer's layout and its reader.
+
+`render` builds it from the plan (`RunJson.to_dict` is the file's layout);
+everything else reads it through `read` and its typed fields: the batch
+host's recovery step, the controller, each rank's launcher and trainer, and
+every view. It stays small at any scale: sizes and formulas, never per-rank
+lists (a wrapper computes its own binding from the node type's table).
+
+A file of an older version reads too: a key it lacks takes the default its
+spec field has, and keys this version does not know are ignored. Keys are
+only ever added; `version` says which layout wrote the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterctl.rundir.jsonio import read_json
+from clusterctl.rundir.layout import CHECKPOINTS, RUN_JSON
+
+VERSION = 2  # 1: before run.json had a typed definition (same keys)
+
+
+def _key(name: str, **extra: Any) -> Any:
+    """A field stored under another JSON key (`global`, `async`)."""
+    return field(metadata={"key": name}, **extra)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    pp: int = 1
+    vpp: int = 1
+
+    def sizes(self) -> dict[str, int]:
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+
+
+@dataclass(frozen=True)
+class NodeTypeRecord:
+    name: str = ""
+    gpu_model: str = ""
+    gpu_vendor: str = "nvidia"
+    visibility_var: str = "CUDA_VISIBLE_DEVICES"
+    binding: tuple[dict[str, Any], ...] = ()  # per physical GPU index: plan/binding.py's GpuBinding rows
+
+    def row(self, gpu: int | None) -> dict[str, Any]:
+        """The binding row of one physical GPU ({} when unknown)."""
+        return dict(self.binding[gpu]) if gpu is not None and 0 <= gpu < len(self.binding) else {}
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    micro: int = 1
+    grad_accum: int = 1
+    global_: int = _key("global", default=1)
+
+
+@dataclass(frozen=True)
+class RendezvousRecord:
+    port_range: tuple[int, int] = (29500, 29999)
+    interface: str | None = None
+    address_family: str = "ipv4"
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class SignalRecord:
+    name: str = "USR2"
+    lead_s: int = 300
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    dir: str | None = None
+    interval: Any = None  # steps, "auto", or null
+    keep: int = 2
+    async_: bool = _key("async", default=False)
+    save_seconds: float | None = None
+    mtbf: float | None = None
+    auto_interval_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RestartRecord:
+    budget: int = 3
+    mode: str = "continuation"
+    in_allocation: bool = True
+
+
+@dataclass(frozen=True)
+class WatchdogRecord:
+    hang_timeout: float = 120.0
+    straggler_factor: float = 1.5
+    window: int = 20
+    save_timeout: float = 900.0
+
+
+@dataclass(frozen=True)
+class PreflightRecord:
+    checks: tuple[str, ...] = ()
+    timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class RunJson:
+    """The static plan of a run, as run.json holds it."""
+
+    version: int = VERSION
+    run_id: str | None = None
+    name: str = ""
+    site: str = ""
+    partition: str = ""
+    mode: str = "managed"  # managed (through clusterctl.launch) or standalone
+    world_size: int = 0
+    nodes: int = 0
+    spares: int = 0
+    exclude: tuple[str, ...] = ()  # nodes the spec excludes (expanded)
+    gpus_per_node: int = 0
+    parallel: Parallel = Parallel()
+    rank_order: str = "tp-cp-ep-dp-pp"
+    node_type: NodeTypeRecord = NodeTypeRecord()
+    batch: BatchRecord = BatchRecord()
+    seq_len: int = 0
+    model: dict[str, Any] | None = None  # the spec's model section, as resolved
+    precision: dict[str, Any] = field(default_factory=dict)  # the spec's precision section
+    spec_hash: str = ""
+    argv: tuple[str, ...] = ()  # what the wrapper execs
+    command: tuple[str, ...] = ()  # the spec's command
+    env: dict[str, str] = field(default_factory=dict)
+    site_env: dict[str, str] = field(default_factory=dict)
+    rendezvous: RendezvousRecord = RendezvousRecord()
+    signal: SignalRecord = SignalRecord()
+    time_limit_s: int | None = None
+    checkpoint: CheckpointRecord = CheckpointRecord()
+    restart: RestartRecord = RestartRecord()
+    watchdog: WatchdogRecord = WatchdogRecord()
+    preflight: PreflightRecord = PreflightRecord()
+    exit_codes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def standalone(self) -> bool:
+        return self.mode == "standalone"
+
+    def checkpoint_dir(self, run_path: Path) -> Path:
+        """Where the run's checkpoints live: the spec's checkpoint.dir, else <run>/checkpoints."""
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(run_path) / CHECKPOINTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunJson":
+        return _load(cls, data)
+
+
+def load(run_dir: Path) -> RunJson:
+    """run.json of a run directory, for the node side: raises OSError or ValueError when it cannot be read."""
+    data = json.loads((Path(run_dir) / RUN_JSON).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{Path(run_dir) / RUN_JSON} is not a JSON object")
+    return RunJson.from_dict(data)
+
+
+def read(run_dir: Path) -> RunJson | None:
+    """run.json of a run directory; None when it is missing or unreadable (views show what they can)."""
+    data = read_json(Path(run_dir) / RUN_JSON)
+    return RunJson.from_dict(data) if data is not None else None
+
+
+# --- the layout: dataclass fields <-> JSON keys ----------------------------------------------------------------
+def _json_key(f: dataclasses.Field) -> str:
+    return f.metadata.get("key", f.name)
+
+
+def _dump(record: Any) -> Any:
+    if dataclasses.is_dataclass(record):
+        return {_json_key(f): _dump(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, tuple):
+        return [_dump(v) for v in record]
+    if isinstance(record, dict):
+        return {k: _dump(v) for k, v in record.items()}
+    return record
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _load(cls: type, data: Any) -> Any:
+    """A record from its JSON object: known keys converted to the field's type, missing ones defaulted."""
+    if not isinstance(data, dict):
+        return cls()
+    hints = _HINTS.get(cls)
+    if hints is None:
+        import typing
+
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = _json_key(f)
+        if key not in data:
+            continue
+        value, kind = data[key], hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            values[f.name] = _load(kind, value)
+        elif getattr(kind, "__origin__", None) is tuple and isinstance(value, list):
+            values[f.name] = tuple(value)
+        else:
+            values[f.name] = value
+    return cls(**values)

@@ -1,0 +1,96 @@
+"""verdict.json: an attempt's verdict — its type, its JSON, and the one function that writes the file.
+
+The controller's verdict says whether the rendezvous passed and, when an
+attempt failed, who is to blame: culprits (the ranks that caused it,
+primary first) apart from victims (ranks that failed because a culprit
+did), with evidence. Keys (kept; keys may be added, never renamed):
+
+    format     this file's layout version (FORMAT); absent in files written before it existed
+    ok         the rendezvous passed and nothing failed
+    code       the exit code the verdict stands for (exitcodes.ExitCode)
+    verdict    the code's name in lower case (rendezvous_failed, hang, straggler, ...)
+    message    one line for people
+    culprits   [{rank, host, reason, gpu?, ...}], primary first
+    victims    [{rank, host, reason}]
+    evidence   what the verdict was decided from (stacks, samples, srun's lines, ...)
+    time       when it was given (seconds since the epoch)
+
+The batch script reads the file too, with grep: `"ok": false` must stay
+exactly as written here (indent 1, sorted keys: jsonio.write_json_atomic).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir.jsonio import read_json, write_json_atomic
+from clusterctl.rundir.layout import VERDICT
+
+FORMAT = 2  # 1: the files written before the format was recorded
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    code: int
+    message: str
+    culprits: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "host", "gpu", "reason"}, primary first
+    evidence: dict[str, Any] = field(default_factory=dict)
+    victims: list[dict[str, Any]] = field(default_factory=list)  # ranks that failed because a culprit did
+    time: float = field(default_factory=time.time)  # when the verdict was given
+
+    @property
+    def name(self) -> str:
+        """The code's name in lower case (`hang`), or the number when it is not one of ours."""
+        return ExitCode(self.code).name.lower() if self.code in ExitCode._value2member_map_ else str(self.code)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "ok": self.ok,
+            "code": self.code,
+            "verdict": self.name,
+            "message": self.message,
+            "culprits": self.culprits,
+            "victims": self.victims,
+            "evidence": self.evidence,
+            "time": self.time,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Verdict":
+        """From verdict.json (either format) or the store's copy; missing keys take harmless defaults."""
+        code = data.get("code")
+        when = data.get("time")
+        return cls(
+            ok=bool(data.get("ok", True)),
+            code=code if isinstance(code, int) and not isinstance(code, bool) else 0,
+            message=str(data.get("message") or ""),
+            culprits=[c for c in data.get("culprits") or [] if isinstance(c, dict)],
+            evidence=data.get("evidence") if isinstance(data.get("evidence"), dict) else {},
+            victims=[v for v in data.get("victims") or [] if isinstance(v, dict)],
+            time=float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0,
+        )
+
+    def culprit_hosts(self) -> list[str]:
+        """The culprits' nodes, primary first, each once."""
+        return list(dict.fromkeys(str(c["host"]) for c in self.culprits if c.get("host")))
+
+
+def path(attempt_dir: Path) -> Path:
+    return Path(attempt_dir) / VERDICT
+
+
+def read(attempt_dir: Path) -> Verdict | None:
+    """The attempt's verdict, or None while there is none (or the file is being written)."""
+    data = read_json(path(attempt_dir))
+    return Verdict.from_dict(data) if data is not None else None
+
+
+def write(attempt_dir: Path, verdict: Verdict) -> None:
+    """The one writer of verdict.json (called by runtime/verdicts.py, the attempt's one verdict keeper)."""
+    write_json_atomic(path(attempt_dir), verdict.as_dict())

@@ -1,0 +1,204 @@
+"""The rank's process: `python -m clusterctl.launch -- <command>`.
+
+The wrapper execs this once per rank, so the rank's Python process is the
+only one per GPU. It checks the node (preflight), imports torch once,
+registers with the controller and waits for its verdict, then runs the
+user's command: a Python command (`python -m mod ...`, `python script.py
+...`) in this process, where its `init_process_group()` (env://) joins the
+controller's store; anything else replaces this process.
+
+Outside a clusterctl attempt (no CLUSTERCTL_ATTEMPT_DIR), it only runs the
+command, so a launch line can be tried by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import runpy
+import sys
+import time
+import traceback
+from typing import Any
+
+from clusterctl import envnames
+from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
+from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime import heartbeat, stacks
+from clusterctl.runtime.preflight import POST_RENDEZVOUS
+
+PYTHONS = ("python", "python3", os.path.basename(sys.executable))
+
+
+def run_command(argv: list[str]) -> None:
+    """Run argv in this process when it is Python, else exec it."""
+    if not argv:
+        raise SystemExit("clusterctl.launch: no command given (usage: python -m clusterctl.launch -- CMD ...)")
+    if os.path.basename(argv[0]) in PYTHONS and len(argv) > 1:
+        args = argv[1:]
+        if args[0] == "-m" and len(args) > 1:
+            sys.argv = [args[1], *args[2:]]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            return
+        if not args[0].startswith("-"):
+            sys.argv = list(args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            runpy.run_path(args[0], run_name="__main__")
+            return
+    os.execvp(argv[0], argv)
+
+
+def bind_cpus_if_unbound() -> None:
+    """The wrapper binds with numactl or taskset; without either, bind here."""
+    if os.environ.get(envnames.BIND_TOOL) == "none" and os.environ.get(envnames.CPUS):
+        try:
+            os.sched_setaffinity(0, parse_cpulist(os.environ[envnames.CPUS]))
+        except (OSError, ValueError) as exc:
+            print(f"clusterctl.launch: cannot bind to CPUs {os.environ[envnames.CPUS]}: {exc}", file=sys.stderr)
+
+
+def versions() -> dict[str, Any]:
+    import torch
+
+    nccl = None
+    try:
+        if torch.cuda.is_available():
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001 - a CPU build has no NCCL
+        nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "nccl": nccl,
+    }
+
+
+def preflight(info: Any) -> list[dict[str, Any]]:
+    from clusterctl.runtime.preflight import PreflightContext, run_checks
+
+    run = info.run
+    checks = [c for c in run.preflight.checks if c not in POST_RENDEZVOUS]
+    row = run.node_type.row(info.gpu)
+    checkpoint_dir = str(run.checkpoint_dir(info.run_dir))
+    ctx = PreflightContext(
+        rank=info.rank,
+        local_rank=info.local_rank,
+        host=info.host,
+        gpu=info.gpu,
+        gpu_vendor=run.node_type.gpu_vendor,
+        expected_cpus=parse_cpulist(info.cpus) if info.cpus else frozenset(),
+        nics=info.nics,
+        nic_kinds=tuple(k for k in row.get("nic_kinds", "").split(",") if k),
+        dirs=(os.environ.get("TMPDIR", "/tmp"), checkpoint_dir, str(info.attempt_dir)),
+        shared_marker=os.path.join(checkpoint_dir, f".clusterctl-shared-{info.token}") if info.token else None,
+        shared_token=info.token or None,
+    )
+    return [
+        {"name": r.name, "ok": r.ok, "skipped": r.skipped, "detail": r.detail, "data": r.data}
+        for r in run_checks(checks, ctx)
+    ]
+
+
+def managed(argv: list[str]) -> int:
+    """Preflight, register, wait for the verdict, run the command; the rank's exit code."""
+    from clusterctl.runtime import rendezvous
+    from clusterctl.runtime.rankinfo import RankInfo
+
+    started = time.time()
+    info = RankInfo.from_env()
+    bind_cpus_if_unbound()
+    checks = preflight(info)
+    checked = time.time()
+    found = versions()  # imports torch: the one import of this process
+    record = {
+        "rank": info.rank,
+        "world_size": info.world_size,
+        "local_rank": info.local_rank,
+        "host": info.host,
+        "pid": os.getpid(),
+        "token": info.token,
+        "attempt": info.attempt,
+        "gpu": info.gpu,
+        "cpus": format_cpulist(os.sched_getaffinity(0)),
+        "numa": info.numa,
+        "nics": list(info.nics),
+        "versions": found,
+        "preflight": checks,
+        "timings": {"started": started, "preflight_done": checked, "torch_imported": time.time()},
+    }
+    if info.local_rank == 0:  # the node's environment, once per node: manifest.json stays small at any scale
+        from clusterctl.runtime.rankinfo import driver_version, recorded_env
+
+        record["env"] = recorded_env()
+        record["driver"] = driver_version()
+    timeout_s = float(info.run.rendezvous.timeout_s)
+    try:
+        store = rendezvous.connect(info, timeout_s)
+    except Exception as exc:  # noqa: BLE001
+        print(
+            f"clusterctl.launch: rank {info.rank} on {info.host} cannot reach the rendezvous store at"
+            f" {info.master_addr}:{info.master_port}: {exc}",
+            file=sys.stderr,
+        )
+        return int(ExitCode.RENDEZVOUS_FAILED)
+    rendezvous.register(store, info.rank, record)
+    verdict = rendezvous.await_verdict(store, timeout_s, info.world_size)
+    if not verdict["ok"]:
+        if info.rank == 0:
+            print(f"clusterctl: {verdict['message']}", file=sys.stderr)
+        return int(verdict["code"])
+    post = [c for c in info.run.preflight.checks if c in POST_RENDEZVOUS]
+    if post:
+        from clusterctl.runtime.postchecks import run_post_checks
+
+        failure = run_post_checks(post, info, store, timeout_s)
+        if failure is not None:
+            if info.rank == 0:
+                print(f"clusterctl: {failure['message']}", file=sys.stderr)
+            return int(failure["code"])
+        if info.rank == 0:
+            print(f"clusterctl: {' and '.join(post)} check passed (attempt-{info.attempt}/checks.json)", flush=True)
+    rendezvous.share_with_process_group(store, info.rank, info.world_size)
+    rendezvous.CURRENT_STORE = store
+    watched(info, cuda=found["nccl"] is not None)
+    try:
+        run_command(argv)
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            return 0
+        if exc.code == ExitCode.PRE_TIMEOUT:
+            return int(ExitCode.PRE_TIMEOUT)  # saved and committed on request: not a failure
+        rendezvous.report_error(store, info.rank, f"SystemExit({exc.code!r})")
+        raise
+    except BaseException:
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        rendezvous.report_error(store, info.rank, text)
+        return 1
+    finally:
+        heartbeat.shared(info.rank, info.attempt).close()
+    return 0
+
+
+def watched(info: Any, *, cuda: bool) -> None:
+    """Liveness beats to the node's aggregator, stacks on request, NCCL's flight recorder on GPUs."""
+    stacks.arm(info.attempt_dir, info.rank)
+    if cuda:
+        stacks.arm_flight_recorder(info.attempt_dir)
+    heartbeat.shared(info.rank, info.attempt)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not os.environ.get(envnames.ATTEMPT_DIR):
+        run_command(args)
+        return
+    sys.exit(managed(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Registration: the keys ranks and the controller share in the store, and the records ranks write there.
+
+Every rank claims its rank number, writes one registration record and bumps
+a counter; the controller waits for the counter, reads the records and
+judges them (runtime/admission.py). A stored record is a short summary line
+(what the judgement reads) followed by the full record (what manifest.json
+keeps), so 100,000 registrations are judged without decoding them whole.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PREFIX = "clusterctl/"
+ARRIVED = PREFIX + "arrived"
+VERDICT = PREFIX + "verdict"
+DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim," by every claimant after the first
+ERRORED = PREFIX + "errored"  # appended "rank," by every rank that wrote error_key(rank)
+POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks
+STOP = PREFIX + "stop"  # set by the controller when the batch shell asks the ranks to save and stop
+
+
+def parse_list(raw: bytes) -> list[str]:
+    return [item for item in raw.decode().split(",") if item]
+
+
+def claim_key(rank: int) -> str:
+    return f"{PREFIX}claim/{rank}"
+
+
+def reg_key(rank: int, claim: int = 1) -> str:
+    """The first claimant's record; later claimants (duplicates) write under their claim number."""
+    return f"{PREFIX}reg/{rank}" if claim == 1 else f"{PREFIX}reg/{rank}/dup{claim}"
+
+
+def error_key(rank: int) -> str:
+    return f"{PREFIX}error/{rank}"
+
+
+VERSION_KEYS = ("torch", "cuda", "nccl", "hip")
+JUDGED = ("rank", "world_size", "host", "pid", "token", "gpu", "versions")  # what judge() and the end's blame read
+VERDICT_GRACE_S = 30.0  # ranks wait this long past the rendezvous timeout for the controller's verdict ...
+VERDICT_GRACE_PER_RANK_S = 200e-6  # ... plus this per rank: ~10x the controller's measured work per rank (bench/controller_scale.py)
+
+
+def verdict_margin_s(world_size: int) -> float:
+    """How long past its deadline a rank waits for the verdict: the controller's work grows with the world."""
+    return VERDICT_GRACE_S + VERDICT_GRACE_PER_RANK_S * max(0, world_size)
+
+
+def summary(record: dict[str, Any]) -> dict[str, Any]:
+    """The part of a registration the controller judges: a few fields and the failed preflight checks."""
+    head = {k: record[k] for k in JUDGED if k in record}
+    checks = record.get("preflight")
+    if isinstance(checks, list):
+        head["preflight"] = [c for c in checks if isinstance(c, dict) and not c.get("ok", True)]
+    return head
+
+
+def encode_registration(record: dict[str, Any]) -> bytes:
+    """What a rank stores: its summary line, then its full record, both compact JSON.
+
+    The controller decodes only the short first line (a ~1.7 KB record costs
+    ~30 us to decode, its summary a fraction of that: seconds at 100,000
+    ranks) and copies the second into manifest.json without decoding it.
+    json.dumps never writes a raw newline, so the split is unambiguous.
+    """
+    full = json.dumps(record, separators=(",", ":"))
+    return (json.dumps(summary(record), separators=(",", ":")) + "\n" + full).encode()
+
+
+def _summary_cut(raw: bytes) -> int | None:
+    """Where a stored registration's summary line ends, when it has the two-line form."""
+    cut = raw.find(b"\n")
+    if cut > 0 and raw[cut + 1 : cut + 2] == b"{" and raw.endswith(b"}") and raw.find(b"\n", cut + 1) < 0:
+        return cut
+    return None
+
+
+def decode_registration(raw: bytes) -> tuple[dict[str, Any], bytes | memoryview]:
+    """(summary, full record as compact JSON) from a stored registration.
+
+    The full record is a view into `raw`, not a copy. A value without the
+    summary line (one written as plain JSON) is decoded whole; one that is
+    not a JSON object is kept as a record that says so, so a garbled
+    registration is judged (no token: a stale process) rather than crashing
+    the controller.
+    """
+    cut = _summary_cut(raw)
+    if cut is not None:
+        try:
+            found = json.loads(raw[:cut])
+        except ValueError:
+            found = None
+        if isinstance(found, dict):
+            return found, memoryview(raw)[cut + 1 :]
+    try:
+        record = json.loads(raw)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        record = {"undecodable": f"{exc}: {raw[:200]!r}"}
+    return summary(record), json.dumps(record, separators=(",", ":")).encode()
+
+
+def full_record(raw: bytes) -> bytes | memoryview:
+    """The full record of a stored registration as compact JSON, without decoding its summary again."""
+    cut = _summary_cut(raw)
+    return memoryview(raw)[cut + 1 :] if cut is not None else decode_registration(raw)[1]
+
+
+def share_values(head: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
+    """One object for values that most ranks repeat (host, token, versions): less memory at 100,000 ranks.
+
+    The shared objects are only read (judge, blame), never changed.
+    """
+    for key in ("host", "token"):
+        value = head.get(key)
+        if isinstance(value, str):
+            head[key] = seen.setdefault(value, value)
+    versions = head.get("versions")
+    if isinstance(versions, dict):
+        try:
+            head["versions"] = seen.setdefault(("versions", *versions.items()), versions)
+        except TypeError:  # an unhashable value: keep this rank's own
+            pass
+    return head

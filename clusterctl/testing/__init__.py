@@ -1,0 +1,1 @@
+"""Harnesses for tests and benchmarks: synthetic run directories, the checkpoint crash drill, a local gloo world."""
