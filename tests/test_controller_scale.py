@@ -172,7 +172,7 @@ def test_a_hard_limit_below_the_world_refuses_at_once_and_says_what_to_ask_for(t
 
 
 def test_the_manifest_reads_the_same_through_every_reader(judged_512: tuple[Path, dict, str]) -> None:
-    from clusterctl.cli.drill_cmd import wait_for_attempt
+    from clusterctl.qualify.faultdrill import wait_for_attempt
     from clusterctl.views.record import load
     from clusterctl.views.chrometrace import build_trace
 

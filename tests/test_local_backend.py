@@ -33,7 +33,7 @@ from clusterctl.backends.local.backend import LocalBackend
 from clusterctl.backends.local import BIN_DIR
 from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.errors import ClusterctlError
-from clusterctl.plan.job import Job, load_job
+from clusterctl.plan.job import PlannedJob, load_job
 from clusterctl.rundir import RunDir
 from clusterctl.render.runfiles import create_run
 from clusterctl.actions.submit import submit_job
@@ -92,7 +92,7 @@ def local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
         wait_finished(job_id, timeout=15)
 
 
-def quickstart(tmp_path: Path, mode: str, *overrides: str) -> Job:
+def quickstart(tmp_path: Path, mode: str, *overrides: str) -> PlannedJob:
     return load_job(
         QUICKSTART,
         overrides=[f"command=[python3,{tmp_path / 'rank.py'},{mode}]", f"runs_root={tmp_path / 'runs'}", *overrides],

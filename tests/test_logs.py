@@ -185,6 +185,31 @@ def test_merged_attempt_in_time_order(run: Path) -> None:
     ]
 
 
+def test_a_rank_file_without_stamps_follows_the_rendezvous_not_the_attempts_start(tmp_path: Path) -> None:
+    """A rank prints nothing of its own before the controller lets it run (the verdict): its unstamped lines come
+    after the controller's first lines, each after the line before it in its file, never before the start-up."""
+    run = base_run(tmp_path)
+    a1 = attempt_dir(run, 1, "11", ["node1", "node2"], 0)
+    write(a1 / "verdict.json", json.dumps({"ok": True, "code": 0, "message": "all 4 ranks registered and checked",
+                                            "time": T0 + 40.5}))
+    write(a1 / "logs/node-0.log", "0: training from step 0\n0: clusterctl trainer: {\"steps\": 300}\n")
+    write(
+        run / "slurm-11.out",
+        f"{iso(0)} clusterctl: attempt 1 of job 11: 4 ranks on node1..node2, rendezvous 10.0.0.1:20000\n"
+        f"{iso(38)} clusterctl controller: hosting the rendezvous store on port 20000 for 4 ranks\n"
+        f"{iso(40)} clusterctl controller: all 4 ranks registered and checked\n"
+        f"{iso(90)} clusterctl: attempt 1 ended: srun exit 0, exit 0\n",
+    )
+    assert logs(str(run)) == [
+        f"batch   | {iso(0)} clusterctl: attempt 1 of job 11: 4 ranks on node1..node2, rendezvous 10.0.0.1:20000",
+        f"batch   | {iso(38)} clusterctl controller: hosting the rendezvous store on port 20000 for 4 ranks",
+        f"batch   | {iso(40)} clusterctl controller: all 4 ranks registered and checked",
+        "node1/0 | training from step 0",
+        'node1/0 | clusterctl trainer: {"steps": 300}',
+        f"batch   | {iso(90)} clusterctl: attempt 1 ended: srun exit 0, exit 0",
+    ]
+
+
 def test_merged_continuation_job_has_its_own_batch_log(run: Path) -> None:
     """Attempt 3 ran in job 12: its batch lines, the preamble before its marker too, come from slurm-12.out only."""
     assert logs(str(run)) == [

@@ -23,7 +23,10 @@ from pathlib import Path
 import pytest
 
 from clusterctl.syntax.cpulist import format_cpulist
-from clusterctl.runtime import preflight
+from clusterctl.runtime.preflight import common as preflight_common
+from clusterctl.runtime.preflight import memory as preflight_memory
+from clusterctl.runtime.preflight import nic as preflight_nic
+from clusterctl.runtime.preflight import sharedfs as preflight_sharedfs
 from clusterctl.runtime.preflight import CheckResult, PreflightContext, failed, run_checks, write_shared_marker
 
 HOST = "node07"
@@ -375,7 +378,7 @@ def sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamesp
         d.mkdir(parents=True)
         (d / "operstate").write_text(operstate + "\n")
 
-    monkeypatch.setattr(preflight, "SYSFS", str(root))
+    monkeypatch.setattr(preflight_nic, "SYSFS", str(root))
     return types.SimpleNamespace(root=root, ib=ib, net=net)
 
 
@@ -532,7 +535,7 @@ HugePages_Total:       0
 def test_memory_enough(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "meminfo"
     path.write_text(MEMINFO.format(avail=2 * 1024 * 1024))  # 2 GiB
-    monkeypatch.setattr(preflight, "PROC_MEMINFO", str(path))
+    monkeypatch.setattr(preflight_memory, "PROC_MEMINFO", str(path))
     r = only("memory", make_ctx())
     assert (r.ok, r.skipped) == (True, False)
     assert r.detail == f"{HOST}: 2.0 GiB available (need 1.0 GiB)"
@@ -547,7 +550,7 @@ def test_memory_enough(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_memory_too_little_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "meminfo"
     path.write_text(MEMINFO.format(avail=512 * 1024))
-    monkeypatch.setattr(preflight, "PROC_MEMINFO", str(path))
+    monkeypatch.setattr(preflight_memory, "PROC_MEMINFO", str(path))
     r = only("memory", make_ctx())
     assert not r.ok
     assert r.detail == f"{HOST}: only 512.0 MiB of host memory available, need 1.0 GiB"
@@ -556,7 +559,7 @@ def test_memory_too_little_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_memory_without_memavailable_estimates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "meminfo"
     path.write_text("MemTotal: 4096 kB\nMemFree: 1000 kB\nBuffers: 24 kB\nCached: 0 kB\n")
-    monkeypatch.setattr(preflight, "PROC_MEMINFO", str(path))
+    monkeypatch.setattr(preflight_memory, "PROC_MEMINFO", str(path))
     r = only("memory", make_ctx(min_free_memory_bytes=1024 * 1024))
     assert r.ok and r.data["mem_available_bytes"] == 1024 * 1024
     assert r.data["source"] == "MemFree+Buffers+Cached"
@@ -654,7 +657,7 @@ def test_shared_marker_present(tmp_path: Path) -> None:
 
 
 def test_shared_marker_missing_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "SHARED_MARKER_WAIT_S", 0.0)
+    monkeypatch.setattr(preflight_sharedfs, "SHARED_MARKER_WAIT_S", 0.0)
     path = str(tmp_path / ".clusterctl-shared-tok-7")
     r = only("shared_fs", make_ctx(shared_marker=path, shared_token="tok-7"))
     assert (r.ok, r.skipped) == (False, False)
@@ -675,7 +678,7 @@ def test_shared_marker_wrong_token_fails(tmp_path: Path) -> None:
 
 
 def test_shared_marker_appearing_late_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "SHARED_MARKER_WAIT_S", 5.0)
+    monkeypatch.setattr(preflight_sharedfs, "SHARED_MARKER_WAIT_S", 5.0)
     target = str(tmp_path / ".clusterctl-shared-late")
     timer = threading.Timer(0.15, write_shared_marker, args=(str(tmp_path), "late"))
     timer.start()
@@ -696,7 +699,7 @@ def test_shared_fs_skipped_without_marker() -> None:
 
 
 def test_run_checks_in_order_and_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "SHARED_MARKER_WAIT_S", 0.0)
+    monkeypatch.setattr(preflight_sharedfs, "SHARED_MARKER_WAIT_S", 0.0)
     ctx = make_ctx(
         gpu_vendor="emulated",
         expected_cpus=frozenset(os.sched_getaffinity(0)),
@@ -712,7 +715,7 @@ def test_run_checks_in_order_and_failed(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_exception_inside_a_check_becomes_a_failed_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "PROC_MEMINFO", str(tmp_path / "no-such-meminfo"))
+    monkeypatch.setattr(preflight_memory, "PROC_MEMINFO", str(tmp_path / "no-such-meminfo"))
     results = run_checks(["memory", "cpu"], make_ctx())
     assert results[0].ok is False and results[0].skipped is False
     assert results[0].detail.startswith(f"memory check on {HOST} raised FileNotFoundError: ")
@@ -748,7 +751,7 @@ def test_import_needs_only_the_standard_library() -> None:
 
 
 def test_errno_text_names_the_code() -> None:
-    assert preflight._errno_text(errno.EROFS) == "Read-only file system (EROFS)"
+    assert preflight_common._errno_text(errno.EROFS) == "Read-only file system (EROFS)"
 
 
 @pytest.mark.skipif(not os.path.exists("/sys/class/net/lo"), reason="no loopback in /sys")
@@ -767,10 +770,10 @@ def test_lab_site_nics_pass_and_a_missing_nic_fails_with_81() -> None:
         assert (r.ok, r.skipped) == (True, False), r.detail
         assert r.detail.startswith(f"NICs on {HOST}: lo ")
     bogus = "mlx5_nosuch9"
-    assert not os.path.exists(f"{preflight.SYSFS}/class/infiniband/{bogus}")
+    assert not os.path.exists(f"{preflight_nic.SYSFS}/class/infiniband/{bogus}")
     r = only("nic", dataclasses.replace(lab, nics=("lo", bogus), nic_kinds=("loopback", "ib")))
     assert not r.ok
-    assert r.detail == f"on {HOST}: NIC {bogus} (ib) missing: no {preflight.SYSFS}/class/infiniband/{bogus}"
+    assert r.detail == f"on {HOST}: NIC {bogus} (ib) missing: no {preflight_nic.SYSFS}/class/infiniband/{bogus}"
     # What the controller makes of it: exit 81 (preflight failed), the node and the NIC named.
     versions = {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None}
     checks = {"node06": [], HOST: [{"name": r.name, "ok": r.ok, "detail": r.detail}]}

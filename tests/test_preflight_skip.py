@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from clusterctl import launch
+from clusterctl.runtime import launch
 from clusterctl.errors import ConfigError
 from clusterctl.plan.job import load_job
 from clusterctl.render.scripts import render_run
+from clusterctl.rundir.runjson import RunJson
 from clusterctl.runtime import preflight as preflight_mod
 from clusterctl.config.spec import DEFAULT_PREFLIGHT, load_spec
 from helpers import expect_cli_config_error, write_spec
@@ -31,7 +32,7 @@ def checks_a_rank_runs(run: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp
     asked: list[str] = []
     monkeypatch.setattr(preflight_mod, "run_checks", lambda names, ctx: asked.extend(names) or [])
     info = SimpleNamespace(
-        run=json.loads(json.dumps(run)), rank=0, local_rank=0, host="node1", gpu=0, cpus="", nics=(),
+        run=RunJson.from_dict(json.loads(json.dumps(run))), rank=0, local_rank=0, host="node1", gpu=0, cpus="", nics=(),
         run_dir=tmp_path, attempt_dir=tmp_path / "attempt-1", token="",
     )
     launch.preflight(info)

@@ -57,12 +57,12 @@ def submit(backend: str, tmp_path: Path, name: str, steps: int = 60, **extra: An
 def wait_for(what: str, check: Any, timeout: float = 120, run: RunDir | None = None) -> Any:
     deadline = time.monotonic() + timeout
     while not (found := check()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s" + (f"\n{history(run)}" if run else "")
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s" + (f"\n{story(run)}" if run else "")
         time.sleep(0.3)
     return found
 
 
-def history(run: RunDir) -> str:
+def story(run: RunDir) -> str:
     logs = "\n".join(p.read_text()[-3000:] for p in run.path.glob("slurm-*.out"))
     return f"{run.path / rundir.ATTEMPTS}:\n{(run.path / rundir.ATTEMPTS).read_text()}\n{logs}"
 
@@ -79,7 +79,7 @@ def run_stopped(run: RunDir) -> dict[str, Any] | None:
 
 def drill(run: RunDir, *args: str) -> dict[str, Any]:
     result = cli("drill", str(run.path), *args, "--timeout", "120", "--json")
-    assert result.exit_code == 0, (result.output, history(run))
+    assert result.exit_code == 0, (result.output, story(run))
     return json.loads(result.stdout)
 
 
@@ -127,7 +127,7 @@ def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(b
     committed = first["committed_step"]
     assert committed is not None and (committed + 1) % INTERVAL == 0
     assert first_step(run, 2) == committed + 1  # resumed right after the newest committed checkpoint
-    assert stop["how"] == history.NEXT_STOP and stop["exit"] == 0, history(run)
+    assert stop["how"] == history.NEXT_STOP and stop["exit"] == 0, story(run)
     assert {e["job_id"] for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_START} == {done.job_id}
     nothing_left(backend, run)
     info = get_backend(backend).info(done.job_id)
@@ -211,11 +211,14 @@ def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Pat
         get_backend(backend).cancel(done.job_id)
     nothing_left(backend, run)
     time.sleep(3)  # a continuation, had one been submitted, would be queued by now
-    assert run_jobs(run) == [done.job_id], history(run)
+    assert run_jobs(run) == [done.job_id], story(run)
     assert not any(e.get("how") == history.NEXT_CONTINUATION for e in nexts(run))
     assert run.attempts() == [1]
     st = status(run)
     assert st["state"] == "cancelled", st
+    # The attempt the cancel stopped reads as cancelled, whatever code its ranks saved and exited with (85).
+    (attempt,) = st["attempts"]
+    assert (attempt["cancelled_by"], attempt["meaning"]) == ("scancel", "cancelled by scancel"), st
 
 
 def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, tmp_path: Path) -> None:
@@ -230,7 +233,7 @@ def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, 
     assert report["cancelled"] or report["stopped"]
     cancel_at = next(e["time"] for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_CANCEL)
     late = [e for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_START and e["time"] > cancel_at + 1]
-    assert not late, history(run)
+    assert not late, story(run)
     assert (run.path / rundir.CANCEL).exists()
 
 
@@ -287,7 +290,7 @@ def test_a_node_lost_for_real_is_replaced_by_the_spare_inside_the_allocation(
     try:
         slurm_lab.kill_node(lost)
         restart = wait_for("the restart", lambda: nexts(run), 150, run)[0]
-        assert restart["how"] == history.NEXT_ALLOCATION and restart["exit"] == ExitCode.NODE_LOST, history(run)
+        assert restart["how"] == history.NEXT_ALLOCATION and restart["exit"] == ExitCode.NODE_LOST, story(run)
         assert restart["exclude"] == [lost] and list(restart["replaced"]) == [lost]
         assert restart["hosts"][0] == before["hosts"][0] and restart["hosts"][1] not in before["hosts"]
         assert first_step(run, 2) == restart["committed_step"] + 1

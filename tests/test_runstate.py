@@ -120,7 +120,7 @@ def test_restart_in_the_allocation_keeps_what_was_committed_and_counts_the_rest_
     # time after attempt 1's last step, the restart gap, the wind-down).
     assert st.goodput == pytest.approx(round(200 / 276, 4))
     hours = (st.useful_gpu_hours, st.startup_gpu_hours, st.lost_gpu_hours, st.other_gpu_hours, st.allocated_gpu_hours)
-    assert hours == pytest.approx(tuple(round(x / 3600, 4) for x in (200, 16, 20, 40, 276)))
+    assert hours == pytest.approx(tuple(round(x / 3600, 6) for x in (200, 16, 20, 40, 276)))
     assert wanted_job(run.dir) is None  # a stopped run needs no scheduler
 
 
@@ -287,3 +287,68 @@ def test_status_watch_refreshes_until_the_run_ends(tmp_path: Path, monkeypatch: 
     assert result.exit_code == 0, result.output
     assert 1.4 < time.monotonic() - began < 30
     assert "COMPLETED" in result.stdout and "could not be asked" in result.stderr
+
+
+# --- what users saw go wrong, fixed ------------------------------------------------------------------------
+
+
+def test_cancel_of_an_ended_run_says_so_exits_non_zero_and_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))  # the emulated Slurm knows no job
+    run = Run(tmp_path / "runs", backend="local", job="7").attempt(1, T0, 0, 39)
+    run.end(1, 0, T0 + 30, history.NEXT_STOP, "training finished")
+    before = run.dir.events_file.read_bytes(), sorted(p.name for p in run.dir.path.iterdir())
+    result = cli("cancel", str(run.dir.path))
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "has already ended (completed: training finished at step 39): nothing to cancel" in result.output
+    assert (run.dir.events_file.read_bytes(), sorted(p.name for p in run.dir.path.iterdir())) == before
+    assert derive(run.dir, {}).state == "completed"  # history not rewritten
+
+
+def test_a_dry_run_is_shown_as_such_and_never_hides_the_newest_real_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Run(tmp_path / "runs", stamp="20270115-120000").attempt(1, T0, 0, 19)
+    real.end(1, 0, T0 + 30, history.NEXT_STOP, "training finished")
+    dry = RunDir(tmp_path / "runs" / "demo-20270115-130000-cd34")
+    dry.path.mkdir()
+    (dry.path / rundir.RUN_JSON).write_text(json.dumps({"name": "demo", "world_size": 4, "gpus_per_node": 2}))
+    dry.write_state(state="dry-run", backend="local")
+    monkeypatch.chdir(tmp_path)
+    assert derive(dry, {}).state == "dry-run"
+    (shown,) = json.loads(cli("status", "--json").stdout)
+    assert (shown["run"], shown["state"]) == (real.dir.path.name, "completed")
+    listed = {r["run"]: r["state"] for r in json.loads(cli("runs", "--json").stdout)}
+    assert listed == {dry.path.name: "dry-run", real.dir.path.name: "completed"}
+
+
+def test_a_clean_run_states_its_useful_share_and_start_up_apart_from_lost_work(tmp_path: Path) -> None:
+    # One attempt: 2 s of start-up, 20 steps of 0.5 s (10 s), then 3 s to the end: 15 s x 4 GPUs allocated.
+    run = Run(tmp_path / "runs").attempt(1, T0, 0, 19).end(1, 0, T0 + 15, history.NEXT_STOP, "training finished")
+    st = derive(run.dir, {})
+    assert st.reason == "training finished at step 19"
+    hours = (st.useful_gpu_hours, st.startup_gpu_hours, st.lost_gpu_hours, st.other_gpu_hours, st.allocated_gpu_hours)
+    assert hours == pytest.approx(tuple(round(x / 3600, 6) for x in (40, 8, 0, 12, 60)))
+    assert st.goodput == pytest.approx(40 / 60, abs=1e-4)
+    screen = cli("status", str(run.dir.path)).stdout
+    assert "goodput 66.7% of 0.017 GPU-hours: start-up 13.3%, lost 0.0%, other 20.0%" in screen
+
+
+def test_a_run_that_never_reported_a_step_has_no_goodput_and_does_not_claim_training_finished(tmp_path: Path) -> None:
+    run = Run(tmp_path / "runs").attempt(1, T0, 0, -1).end(1, 0, T0 + 15, history.NEXT_STOP, "training finished")
+    st = derive(run.dir, {})
+    assert (st.state, st.goodput, st.step) == ("completed", None, None)
+    assert st.reason == "the command finished (exit 0) without reporting a training step"
+    # Its time cannot be split (a script that reports no steps): neither start-up nor lost, but the rest.
+    assert (st.startup_gpu_hours, st.lost_gpu_hours, st.other_gpu_hours) == (0, 0, st.allocated_gpu_hours)
+    assert "goodput unknown (no training step reported)" in cli("status", str(run.dir.path)).stdout
+
+
+def test_an_attempt_stopped_by_a_cancel_reads_cancelled_not_pre_timeout(tmp_path: Path) -> None:
+    run = Run(tmp_path / "runs").attempt(1, T0, 0, 19)
+    run.event(history.EVENT_END, attempt=1, job_id="100", exit=ExitCode.PRE_TIMEOUT, time=T0 + 15)
+    run.event(history.EVENT_NEXT, attempt=1, job_id="100", exit=ExitCode.PRE_TIMEOUT, how=history.NEXT_STOP,
+              reason="stopped: the job was cancelled (scancel)", cancelled_by="scancel", time=T0 + 15)
+    st = derive(run.dir, {})
+    assert (st.state, st.reason) == ("cancelled", "cancelled by scancel")
+    (a,) = st.attempts
+    assert (a.cancelled_by, a.meaning) == ("scancel", "cancelled by scancel")
+    table = cli("status", str(run.dir.path)).stdout
+    assert "cancelled" in table and "pre timeout" not in table

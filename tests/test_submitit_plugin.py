@@ -84,7 +84,7 @@ def executor(backend: str, tmp_path: Path, **spec: Any) -> ClusterctlExecutor:
     return ex
 
 
-def history(job: ClusterctlJob) -> str:
+def story(job: ClusterctlJob) -> str:
     run = job.run_dir
     logs = [p.read_text()[-2500:] for p in sorted(run.glob("slurm-*.out")) + sorted(run.glob("attempt-*/logs/node-*.log"))]
     return f"{(run / rundir.ATTEMPTS).read_text()}\n" + "\n".join(logs)
@@ -93,7 +93,7 @@ def history(job: ClusterctlJob) -> str:
 def wait_for(what: str, check: Any, job: ClusterctlJob, timeout: float = 90) -> Any:
     deadline = time.monotonic() + timeout
     while not (found := check()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s\n{history(job)}"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s\n{story(job)}"
         time.sleep(0.2)
     return found
 
@@ -221,7 +221,7 @@ def test_a_two_node_function_returns_every_ranks_result(backend: str, tmp_path: 
     assert job.num_tasks == 2 and job.state in ("PENDING", "RUNNING")
     results = job.results()
     assert [(r["rank"], r["tasks"], r["nodes"], r["node"], r["value"], r["cluster"]) for r in results] == [
-        (0, 2, 2, 0, 40, "clusterctl"), (1, 2, 2, 1, 41, "clusterctl")], history(job)
+        (0, 2, 2, 0, 40, "clusterctl"), (1, 2, 2, 1, 41, "clusterctl")], story(job)
     assert results[0]["host"] != results[1]["host"]
     assert job.state == "COMPLETED" and job.task(1).result() == results[1]
     assert job.get_info()["RunState"] == "completed" and job.run_dir.parent == tmp_path / "submitit"
@@ -230,7 +230,7 @@ def test_a_two_node_function_returns_every_ranks_result(backend: str, tmp_path: 
 def test_an_exception_comes_back_with_its_traceback(backend: str, tmp_path: Path) -> None:
     job = executor(backend, tmp_path).submit(refuse_on_rank_1)
     error = job.exception()
-    assert isinstance(error, FailedJobError), history(job)
+    assert isinstance(error, FailedJobError), story(job)
     assert "Traceback" in str(error) and "ValueError: rank 1 refuses" in str(error) and "refuse_on_rank_1" in str(error)
     with pytest.raises(FailedJobError, match="rank 1 refuses"):
         job.results()
@@ -249,10 +249,10 @@ def test_a_checkpointable_function_resumes_after_the_pre_timeout_signal(backend:
     job = executor(backend, tmp_path).submit(Count(), 60, str(progress))
     wait_for("counting", lambda: progress.exists() and int(progress.read_text() or 0) >= 3, job)
     drilled = cli("drill", str(job.run_dir), "--pre-timeout", "--timeout", "120", "--json")
-    assert drilled.exit_code == 0, (drilled.output, history(job))
+    assert drilled.exit_code == 0, (drilled.output, story(job))
     assert json.loads(drilled.stdout)["code"] == ExitCode.PRE_TIMEOUT
     results = job.results()
-    assert [r["rank"] for r in results] == [0, 1] and all(r["count"] == 60 for r in results), history(job)
+    assert [r["rank"] for r in results] == [0, 1] and all(r["count"] == 60 for r in results), story(job)
     # Both ranks resumed from rank 0's checkpoint, in attempt 2 (the continuation job).
     resumed = {r["resumed_from"] for r in results}
     assert len(resumed) == 1 and 0 < resumed.pop() < 60 and {r["attempt"] for r in results} == {2}

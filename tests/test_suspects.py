@@ -191,6 +191,23 @@ def test_submit_excludes_a_recorded_suspect_and_says_so(tmp_path: Path) -> None:
     assert yaml.safe_load((run / "spec.yaml").read_text())["topology"]["exclude"] == ["node4"]  # the user's spec
 
 
+def test_a_submission_with_suspects_plans_the_job_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suspects are read before planning: one plan, and a refusal still names the spec's line."""
+    from clusterctl.plan import job as planned
+
+    calls: list[int] = []
+    real = planned.make_plan
+    monkeypatch.setattr(planned, "make_plan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    spec_file(tmp_path)
+    suspects.record(tmp_path / "runs", [blame("node2", time.time())])
+    dry_run(tmp_path)
+    assert len(calls) == 1
+    spec_file(tmp_path, nodes=9)  # more nodes than partition local has
+    refused = cli("submit", str(tmp_path / "job.yaml"), "--dry-run", cwd=tmp_path)
+    assert refused.exit_code == 65 and "nodes (line 1): got 9" in refused.output, refused.output
+    assert len(calls) == 2
+
+
 def test_avoid_suspects_false_keeps_them(tmp_path: Path) -> None:
     spec_file(tmp_path, topology={"avoid_suspects": False})
     suspects.record(tmp_path / "runs", [blame("node2", time.time())])

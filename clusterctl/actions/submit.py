@@ -1,27 +1,23 @@
 """Submit a job: validate, create the run directory, hand the batch script to a backend.
 
 A dry run follows the same path and stops before the backend, so what it
-leaves on disk is exactly what a submission would submit. Before rendering,
-the suspect nodes of the runs root (nodes a recent verdict blamed) join the
-job's exclusion; the lookup happens here, at the edge, so planning and
-rendering stay pure.
+leaves on disk is exactly what a submission would submit. The suspect nodes
+of the runs root (nodes a recent verdict blamed) are read here, at the edge,
+before the job is planned (once): the planner decides which to leave out
+(plan/suspects.py), so planning and rendering stay pure.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from clusterctl.syntax import hostlist
-from clusterctl.rundir import suspects
 from clusterctl.backends import Backend, get_backend
-from clusterctl.errors import ClusterctlError, ConfigError
-from clusterctl.plan.job import Job
-from clusterctl.plan import make_plan
-from clusterctl.rundir import RunDir
+from clusterctl.errors import ClusterctlError
+from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
+from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.render.runfiles import create_run, runs_root
-from clusterctl.config.site import known_nodes
-from clusterctl.config.spec import SLURM_WORD
+from clusterctl.rundir import RunDir, suspects
 from clusterctl.rundir.suspects import Suspect
 
 
@@ -43,27 +39,6 @@ HOPELESS_REASONS = frozenset(
 
 
 @dataclass(frozen=True)
-class SuspectChoice:
-    """Which suspect nodes of the job's partition a submission leaves out, and why it keeps any."""
-
-    excluded: tuple[Suspect, ...] = ()
-    kept: tuple[Suspect, ...] = ()  # suspects of the partition the job may still land on
-    why_kept: str | None = None
-    window_s: float = 0.0  # the site's reliability.suspect_hours, in seconds
-
-    def until(self, suspect: Suspect) -> float:
-        return suspect.time + self.window_s
-
-    def as_state(self) -> dict[str, object]:
-        """What state.json records: the suspects excluded (and any kept, with the reason)."""
-        state: dict[str, object] = {"suspects_excluded": [asdict(s) for s in self.excluded]}
-        if self.kept:
-            state["suspects_kept"] = [asdict(s) for s in self.kept]
-            state["suspects_kept_because"] = self.why_kept
-        return state
-
-
-@dataclass(frozen=True)
 class Submitted:
     run: RunDir
     job_id: str | None  # the scheduler's id: SLURM_JOB_ID inside the job, slurm-<id>.out
@@ -73,17 +48,30 @@ class Submitted:
     suspects: SuspectChoice = SuspectChoice()
 
 
-def default_backend(job: Job) -> str:
+def default_backend(job: PlannedJob | JobConfig) -> str:
     """The embedded local site runs locally; every other site goes to Slurm."""
     return "local" if job.site.name == "local" else "slurm"
 
 
-def submit_job(job: Job, backend_name: str | None = None, *, dry_run: bool = False) -> Submitted:
+def local_suspects(config: JobConfig, now: float | None = None) -> dict[str, Suspect]:
+    """The active suspect nodes of the runs root the job's run will be created in ({} when the site keeps none)."""
+    window_s = config.site.reliability.suspect_hours * 3600
+    return suspects.active(runs_root(config), window_s, now) if window_s > 0 else {}
+
+
+def load_for_submit(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> PlannedJob:
+    """The job planned once for a submission here: its runs root's suspect nodes left out where it can do without."""
+    config = read_job(spec_path, overrides, site)
+    return plan_job(config, local_suspects(config))
+
+
+def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: bool = False) -> Submitted:
+    """Create the run directory of a planned job and hand its batch script to the backend (not for a dry run)."""
     name = backend_name or default_backend(job)
     backend = get_backend(name)
     if not dry_run:
         backend.check()  # before anything is written: no sbatch, no run directory
-    job, choice = avoid_suspects(job)
+    choice = job.plan.suspects
     run = create_run(job)
     run.write_state(**choice.as_state())
     if dry_run:
@@ -106,79 +94,6 @@ def submit_rendered(run: RunDir, backend: Backend, workdir: Path, options: list[
     shown = backend.display_id(submission.job_id)
     run.write_state(state="submitted", backend=name, job_id=shown)
     return Submitted(run, submission.job_id, name, tuple(_first_look(backend, submission.job_id)), shown)
-
-
-def avoid_suspects(job: Job, now: float | None = None, found: dict[str, Suspect] | None = None) -> tuple[Job, SuspectChoice]:
-    """The job with its partition's active suspects added to topology.exclude, and what was decided.
-
-    Reads the runs root the run will be created in unless `found` (the active suspects, read elsewhere:
-    a login node's) is given; the rest is pure (choose_suspects, exclude_nodes), so render and plan never
-    touch the disk.
-    """
-    window_s = job.site.reliability.suspect_hours * 3600
-    if window_s <= 0:
-        return job, SuspectChoice()
-    if found is None:
-        found = suspects.active(runs_root(job), window_s, now)
-    choice = choose_suspects(job, found, window_s)
-    if not choice.excluded:
-        return job, choice
-    try:
-        return exclude_nodes(job, [s.node for s in choice.excluded]), choice
-    except ConfigError as exc:  # the planner refused the larger exclusion: submit as written
-        why = f"the planner refused the exclusion ({exc.message})"
-        return job, SuspectChoice((), choice.excluded, why, window_s)
-
-
-def choose_suspects(job: Job, found: dict[str, Suspect], window_s: float) -> SuspectChoice:
-    """Of the active suspects, those in the job's partition the spec does not already exclude; none when too few nodes would be left."""
-    if not found:
-        return SuspectChoice(window_s=window_s)
-    spec, site, partition = job.spec, job.site, job.plan.partition
-    part = site.partitions[partition]
-    members = set(hostlist.expand(part.nodes)) if part.nodes else known_nodes(site)
-    # A partition without a node list takes any plain node name (it reaches #SBATCH --exclude).
-    relevant = sorted(n for n in found if (n in members if members is not None else bool(SLURM_WORD.match(n))))
-    already = _named(spec.topology.exclude)
-    candidates = tuple(found[n] for n in relevant if n not in already)
-    if not candidates:
-        return SuspectChoice(window_s=window_s)
-    if not spec.topology.avoid_suspects:
-        return SuspectChoice((), candidates, "topology.avoid_suspects is false", window_s)
-    if part.nodes:
-        usable = len(members - already)
-        wanted = job.plan.nodes_allocated
-        if usable - len(candidates) < wanted:
-            needs = f"the job needs {job.plan.nodes}" + (f" + {spec.spares} spares" if spec.spares else "")
-            left = f" ({len(members) - usable} already excluded by topology.exclude)" if usable < len(members) else ""
-            why = (
-                f"partition {partition} has {usable} usable nodes{left} and {needs};"
-                f" leaving out {len(candidates)} suspect node{'s' if len(candidates) > 1 else ''} would leave {usable - len(candidates)}"
-            )
-            return SuspectChoice((), candidates, why, window_s)
-    return SuspectChoice(candidates, (), None, window_s)
-
-
-def _named(exprs: list[str]) -> set[str]:
-    names: set[str] = set()
-    for expr in exprs:
-        try:
-            names.update(hostlist.expand(expr))
-        except hostlist.HostlistError:
-            continue  # the planner has already refused it
-    return names
-
-
-def exclude_nodes(job: Job, nodes: list[str]) -> Job:
-    """The job re-planned with nodes added to topology.exclude (the planner sees and checks them).
-
-    The spec written to the run directory stays the user's; the plan (and so
-    job.sbatch's --exclude and run.json) carries the addition.
-    """
-    spec = job.spec
-    topology = spec.topology.model_copy(update={"exclude": [*spec.topology.exclude, hostlist.compress(nodes)]})
-    plan = make_plan(spec.model_copy(update={"topology": topology}), job.site)
-    return replace(job, plan=plan)
 
 
 def _first_look(backend: Backend, job_id: str) -> list[str]:

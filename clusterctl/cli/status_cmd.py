@@ -1,4 +1,4 @@
-"""`clusterctl status [RUN]` and `clusterctl runs`: what runs are doing, from one derivation (runstate.py)."""
+"""`clusterctl status [RUN]` and `clusterctl runs`: what runs are doing, from one derivation (views/state.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from clusterctl.cli.status_view import run_screen, runs_json, runs_table
 from clusterctl.rundir import RunDir
 from clusterctl.remote.client import connect
 from clusterctl.rundir import list_runs
-from clusterctl.views.state import FINAL, RunState, derive_many
+from clusterctl.views.state import DRY_RUN, GOING, RunState, derive_many
 
 RootOpt = Annotated[Optional[Path], typer.Option("--runs-root", help="where the runs are (default ./runs)", show_default=False)]
 
@@ -35,13 +35,15 @@ def _states(runs: list[RunDir]) -> list[RunState]:
 
 
 def _shown(run: Optional[str], root: Path | None, show_all: bool) -> list[RunState]:
-    """RUN, else the runs still going (all of them with --all), else the newest run: their states, derived once."""
+    """RUN, else the runs still going (all of them with --all), else the newest run that was submitted (a dry run
+    only when there is nothing else): their states, derived once."""
     if run is not None:
         return _states([resolve_run(run, root)])
     states = _states(list_runs(runs_root(root)))
     if show_all or not states:
         return states
-    return [st for st in states if st.state not in FINAL] or states[:1]
+    going = [st for st in states if st.state in GOING]
+    return going or [next((st for st in states if st.state != DRY_RUN), states[0])]
 
 
 def _parsed(data: object) -> list[RunState]:
@@ -64,7 +66,7 @@ def _show(poll: Callable[[], list[RunState]], as_json: bool, watch: bool, every:
         while True:
             states = poll()
             live.update(Group(*[run_screen(st) for st in states]), refresh=True)
-            if all(st.state in FINAL for st in states):
+            if not any(st.state in GOING for st in states):
                 break
             time.sleep(every)
 

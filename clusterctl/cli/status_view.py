@@ -12,9 +12,10 @@ from clusterctl.rundir import jobid
 from clusterctl.syntax import hostlist
 from clusterctl.exitcodes import ExitCode
 from clusterctl.views.statetext import culprits, duration, progress
-from clusterctl.views.state import CANCELLED, COMPLETED, FAILED, PENDING, RESTARTING, TRAINING, Attempt, RunState
+from clusterctl.views.state import CANCELLED, COMPLETED, DRY_RUN, FAILED, PENDING, RESTARTING, TRAINING, Attempt, RunState
 
-STYLES = {COMPLETED: "green", FAILED: "bold red", CANCELLED: "yellow", TRAINING: "cyan", RESTARTING: "magenta", PENDING: "blue"}
+STYLES = {COMPLETED: "green", FAILED: "bold red", CANCELLED: "yellow", TRAINING: "cyan", RESTARTING: "magenta", PENDING: "blue",
+          DRY_RUN: "dim"}
 
 
 def clock(epoch: float | None, now: float | None = None) -> str:
@@ -46,13 +47,30 @@ def _steps(a: Attempt) -> str:
 
 
 def short_meaning(a: Attempt) -> str:
-    """A word or two for the table (`script failed`, `hang`, `pre timeout`); the full meaning is in --json."""
+    """A word or two for the table (`script failed`, `hang`, `cancelled`); the full meaning is in --json."""
+    if a.cancelled_by:
+        return "cancelled"
     if a.exit_code is None:
         return a.meaning if a.end is None else "no end recorded"
     try:
         return ExitCode(a.exit_code).name.lower().replace("_", " ")
     except ValueError:
         return f"exit {a.exit_code}"
+
+
+def goodput_line(st: RunState) -> str:
+    """Where the allocated GPU time went: useful steps (goodput), start-up, lost work, the rest."""
+    total = st.allocated_gpu_hours or 0.0
+    if st.goodput is None:
+        head = "goodput unknown (no training step reported)"
+    else:
+        head = f"goodput {st.goodput:.1%}"
+
+    def share(hours: float | None) -> str:
+        return f"{(hours or 0.0) / total:.1%}" if total else "-"
+
+    return (f"{head} of {total:.3f} GPU-hours: start-up {share(st.startup_gpu_hours)}, lost {share(st.lost_gpu_hours)},"
+            f" other {share(st.other_gpu_hours)}")
 
 
 NEXT_WORDS = {"allocation": "restart", "continuation": "job", "requeue": "requeue", "slurm": "requeue", "stop": "stop"}
@@ -86,8 +104,8 @@ def run_screen(st: RunState, now: float | None = None) -> RenderableType:
     if progress(st):
         facts.append(progress(st))
     facts.append(f"checkpoint step {st.checkpoint}" if st.checkpoint is not None else "no committed checkpoint")
-    if st.goodput is not None:
-        facts.append(f"goodput {st.goodput:.1%} ({st.lost_gpu_hours:.3f} of {st.allocated_gpu_hours:.3f} GPU-hours lost)")
+    if st.allocated_gpu_hours:
+        facts.append(goodput_line(st))
     facts.append(f"last change {ago(st.last_change, now)}")
     parts: list[RenderableType] = [head, Text("  " + " · ".join(facts))]
     if st.attempts:

@@ -18,10 +18,11 @@ from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.plan.job import Job, load_job
+from clusterctl.plan.job import JobConfig, plan_job, read_job
 from clusterctl.remote.submit import login_of, submit_remote
 from clusterctl.views.state import RunState
-from clusterctl.actions.submit import SuspectChoice, submit_job
+from clusterctl.actions.submit import local_suspects, submit_job
+from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.syntax.units import format_duration
 from clusterctl.actions.follow import follow, local_state
 
@@ -65,15 +66,16 @@ def register(app: typer.Typer) -> None:
             "--code-on-cluster", metavar="PATH", help="with --remote: the ranks run in this existing directory instead")] = None,
     ) -> None:
         """Validate, render into a new run directory, and submit."""
-        job = load_job(spec, set_ or [], site)
+        config = read_job(spec, set_ or [], site)
         console = out_console()
-        there = login_of(job, remote_target(remote), backend)
+        there = login_of(config, remote_target(remote), backend)
         if there is not None:
-            _submit_remote(job, *there, backend, code, code_on_cluster, dry_run, wait, console)
+            _submit_remote(config, *there, backend, code, code_on_cluster, dry_run, wait, console)
             return
         if code is not None or code_on_cluster is not None:
             raise ClusterctlError("--code and --code-on-cluster go with --remote (here the ranks run where you submit from)",
                                   ExitCode.USAGE)
+        job = plan_job(config, local_suspects(config))  # planned once, the runs root's suspect nodes left out
         done = submit_job(job, backend, dry_run=dry_run)
         print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
         if done.job_id is None:
@@ -91,11 +93,12 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(outcome.exit_code)
 
 
-def _submit_remote(job: Job, host: str, command: str | None, transport: str, backend: str | None, code: Path | None,
+def _submit_remote(config: JobConfig, host: str, command: str | None, transport: str, backend: str | None, code: Path | None,
                    code_on_cluster: str | None, dry_run: bool, wait: bool, console: Console) -> None:
     """Render here, ship the run (and the code), submit on the login node; --wait follows it there."""
     console.print(f"connecting to {host} ...")
-    done = submit_remote(job, host, command, transport, backend, code, code_on_cluster, dry_run)
+    done = submit_remote(config, host, command, transport, backend, code, code_on_cluster, dry_run)
+    job = done.job
     with done.remote as link:
         where = f"{link.host}:{done.run_path}"
         print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)

@@ -1,19 +1,39 @@
-"""Load a job: spec + overrides + its site, and plan it. The one entry for every command."""
+"""Load a job: its spec (with `--set` overrides) and its site, validated, then planned once.
+
+`read_job` validates what the files say (a JobConfig); `plan_job` plans it,
+with the suspect nodes to avoid when a submission read them, and its
+problems keep the spec's line numbers. `load_job` does both for the commands
+that only plan (plan, render, suspects, qualify).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.plan import Plan, make_plan
 from clusterctl.config.site import Site, load_site
-from clusterctl.errors import ConfigError, Problem
 from clusterctl.config.spec import JobSpec, spec_from_located
-from clusterctl.config.yamlload import load_yaml
+from clusterctl.config.yamlload import Located, load_yaml
+from clusterctl.errors import ConfigError, Problem
+from clusterctl.plan import Plan, make_plan
+from clusterctl.rundir.suspects import Suspect
 
 
 @dataclass(frozen=True)
-class Job:
+class JobConfig:
+    """A job as its files say: the spec (overrides applied) and its site, both valid; not planned yet."""
+
+    spec_path: Path
+    spec: JobSpec
+    site: Site
+    site_path: Path
+    located: Located  # the spec's YAML with where each value came from (problems name the line)
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A job and its plan: spec + site + plan, what every command after planning works with."""
+
     spec_path: Path
     spec: JobSpec
     site: Site
@@ -33,8 +53,8 @@ def _site_ref(spec: JobSpec, spec_path: Path, site_option: str | None) -> str:
     return ref
 
 
-def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> Job:
-    """Validate the spec and the site and plan the job; ConfigError on any problem."""
+def read_job(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> JobConfig:
+    """Validate the spec and its site; ConfigError on any problem."""
     path = Path(spec_path)
     located = load_yaml(path, "job spec").with_overrides(overrides or [])
     spec = spec_from_located(located)
@@ -49,8 +69,21 @@ def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: st
         else:
             problems = located.with_lines([Problem("site", p.value, p.allowed) for p in exc.problems])
         raise ConfigError(located.source, problems) from None
+    return JobConfig(path, spec, site_obj, site_path, located)
+
+
+def plan_job(config: JobConfig, suspects: dict[str, Suspect] | None = None) -> PlannedJob:
+    """Plan the job once, leaving out the suspect nodes it can do without; ConfigError names the spec's lines."""
     try:
-        plan = make_plan(spec, site_obj, source=located.source)
+        plan = make_plan(config.spec, config.site, source=config.located.source, suspects=suspects)
     except ConfigError as exc:
-        raise ConfigError(exc.source, located.with_lines(exc.problems)) from None
-    return Job(path, spec, site_obj, site_path, plan)
+        raise ConfigError(exc.source, config.located.with_lines(exc.problems)) from None
+    return PlannedJob(config.spec_path, config.spec, config.site, config.site_path, plan)
+
+
+def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> PlannedJob:
+    """Validate the spec and the site and plan the job; ConfigError on any problem."""
+    return plan_job(read_job(spec_path, overrides, site))
+
+
+Job = PlannedJob  # transitional name, removed once every caller says PlannedJob

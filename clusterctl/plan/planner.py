@@ -15,9 +15,11 @@ from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
 from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
+from clusterctl.plan.suspects import SuspectChoice, choose_suspects, excluding
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
 from clusterctl.config.site import NodeType, Site, known_nodes
 from clusterctl.config.spec import JobSpec
+from clusterctl.rundir.suspects import Suspect
 from clusterctl.syntax.units import format_duration, parse_duration
 
 
@@ -51,6 +53,7 @@ class Plan:
     dp_rails: list[list[int]]
     checkpoint: IntervalAdvice | None = None
     warnings: list[str] = field(default_factory=list)
+    suspects: SuspectChoice = field(default_factory=SuspectChoice)  # suspect nodes left out (in spec.topology.exclude)
 
     @property
     def world_size(self) -> int:
@@ -110,8 +113,12 @@ class Plan:
         }
 
 
-def make_plan(spec: JobSpec, site: Site, source: str = "job spec") -> Plan:
-    """Resolve and check a job against a site; raise ConfigError listing every problem."""
+def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dict[str, Suspect] | None = None) -> Plan:
+    """Resolve and check a job against a site; raise ConfigError listing every problem.
+
+    `suspects` are the active suspect nodes read at the edge (the runs root's, or a login node's): those of the
+    job's partition that it can do without join topology.exclude (plan/suspects.py), and the plan says which.
+    """
     problems: list[Problem] = []
     warnings: list[str] = []
     partition = spec.partition or site.default_partition
@@ -124,6 +131,8 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec") -> Plan:
     dims = _resolve_dims(spec, node_type, problems)
     if dims is None:
         raise ConfigError(source, problems)
+    choice = choose_suspects(spec, site, partition, dims.nodes + spec.spares, suspects or {})
+    spec = excluding(spec, choice)
     layout = dims.layout
     problems += _model_problems(spec, layout, dims.vpp)
     size_problems = _size_problems(spec, site, partition, dims)
@@ -168,6 +177,7 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec") -> Plan:
         traffic=traffic,
         dp_rails=dp_rails,
         warnings=warnings,
+        suspects=choice,
     )
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterctl.plan.job import Job
+from clusterctl.plan.job import PlannedJob
 from clusterctl.config.spec import Qualify
 
 VERSION = 1
@@ -29,7 +29,7 @@ class Definition:
     base: tuple[str, ...] = field(default=())
 
     @classmethod
-    def of(cls, job: Job) -> "Definition":
+    def of(cls, job: PlannedJob) -> "Definition":
         spec, plan = job.spec, job.plan
         notes = []
         dims = {k: getattr(spec.parallel, k) for k in ("tp", "pp", "cp", "ep")}
@@ -58,7 +58,7 @@ class Definition:
         """`--set` overrides for one job: the fixed base, its size, its command, then the rung's own."""
         return [*self.base, f"nodes={nodes}", "command=" + json.dumps(argv), *more]
 
-    def as_dict(self, job: Job) -> dict[str, Any]:
+    def as_dict(self, job: PlannedJob) -> dict[str, Any]:
         spec = job.spec
         return {
             "version": VERSION,

@@ -16,7 +16,7 @@ from typing import Any
 from clusterctl import __version__
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import BUG_REPORT_HINT
-from clusterctl.plan.job import Job, load_job
+from clusterctl.plan.job import PlannedJob, load_job
 from clusterctl.qualify import RUNGS
 from clusterctl.qualify.definition import Definition
 from clusterctl.qualify.jobs import Runner
@@ -61,7 +61,7 @@ def _stack(job_runs: list[str]) -> dict[str, Any]:
 def qualify(spec: Path, site: str | None, backend: str | None, out: Path, up_to: str | None, nodes: list[int] | None,
             show: Callable[[str], None]) -> dict[str, Any]:
     """Run the ladder up to `up_to` (all of it by default); the report as a dict (also in out/report.json)."""
-    job: Job = load_job(spec, [], site)
+    job: PlannedJob = load_job(spec, [], site)
     d = Definition.of(job)
     counts = node_counts(nodes or d.q.nodes, d)
     if max(counts) > d.max_nodes:
@@ -100,7 +100,7 @@ def qualify(spec: Path, site: str | None, backend: str | None, out: Path, up_to:
     return report
 
 
-def _report(job: Job, d: Definition, results: list[Rung], ctx: Context, began: float, stopped: str | None,
+def _report(job: PlannedJob, d: Definition, results: list[Rung], ctx: Context, began: float, stopped: str | None,
             complete: bool) -> dict[str, Any]:
     runs = [p for r in results for p in r.runs]
     spec = job.spec

@@ -19,10 +19,11 @@ from pathlib import Path, PurePosixPath
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
-from clusterctl.plan.job import Job
+from clusterctl.plan.job import JobConfig, PlannedJob, plan_job
 from clusterctl.remote.client import Remote, connect
 from clusterctl.render.runfiles import stage_run
-from clusterctl.actions.submit import SuspectChoice, avoid_suspects, default_backend
+from clusterctl.actions.submit import default_backend
+from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.rundir.suspects import Suspect
 
 
@@ -34,11 +35,15 @@ class RemoteSubmission:
     display_id: str | None
     backend: str
     warnings: list[str]
-    suspects: SuspectChoice
+    job: PlannedJob  # as planned there: the login node's suspect nodes left out
     workdir: str
 
+    @property
+    def suspects(self) -> SuspectChoice:
+        return self.job.plan.suspects
 
-def login_of(job: Job, remote: str | None, backend: str | None) -> tuple[str, str | None, str] | None:
+
+def login_of(job: JobConfig, remote: str | None, backend: str | None) -> tuple[str, str | None, str] | None:
     """Where `submit` goes: --remote (or $CLUSTERCTL_REMOTE); else the site's login node when this machine
     has no sbatch (a laptop); else nowhere (None: submit here). With the clusterctl command and transport."""
     login = job.site.login
@@ -48,7 +53,7 @@ def login_of(job: Job, remote: str | None, backend: str | None) -> tuple[str, st
     return host, (str(login.clusterctl) if login else None), (login.transport if login else "auto")
 
 
-def remote_suspects(rows: object, job: Job, now: float) -> dict[str, Suspect]:
+def remote_suspects(rows: object, job: JobConfig, now: float) -> dict[str, Suspect]:
     """The login node's suspect nodes (`clusterctl suspects --json --all` rows), active by this job's site's window."""
     window_s = job.site.reliability.suspect_hours * 3600
     if window_s <= 0:
@@ -61,9 +66,10 @@ def remote_suspects(rows: object, job: Job, now: float) -> dict[str, Suspect]:
     return found
 
 
-def submit_remote(job: Job, remote: str, command: str | None, transport: str, backend_name: str | None,
+def submit_remote(config: JobConfig, remote: str, command: str | None, transport: str, backend_name: str | None,
                   code: Path | None, code_on_cluster: str | None, dry_run: bool = False) -> RemoteSubmission:
-    raw_root = job.spec.runs_root or job.site.runs_root or "runs"
+    """Plan the job once with the login node's suspect nodes, render here, ship the run (and the code), submit there."""
+    raw_root = config.spec.runs_root or config.site.runs_root or "runs"
     link = connect(remote, command, transport, expand=[raw_root])
     try:
         assert link.facts is not None
@@ -74,7 +80,7 @@ def submit_remote(job: Job, remote: str, command: str | None, transport: str, ba
         if code_on_cluster and link.transport.run(shlex.join(["test", "-d", code_on_cluster])).returncode != 0:
             raise ClusterctlError(f"--code-on-cluster {code_on_cluster}: no such directory on {link.host}", ExitCode.USAGE)
         rows = (link.facts.get("suspects") or {}).get(raw_root, [])
-        job, choice = avoid_suspects(job, found=remote_suspects(rows, job, time.time()))
+        job = plan_job(config, remote_suspects(rows, config, time.time()))
         run_id = rundir.new_run_id(job.spec.name)
         final = PurePosixPath(root) / run_id
         workdir = code_on_cluster or str(final / rundir.CODE_TREE)
@@ -85,10 +91,10 @@ def submit_remote(job: Job, remote: str, command: str | None, transport: str, ba
                 staged.write_state(state="dry-run", backend=backend_name or default_backend(job))
             link.transport.upload_tree(staged.path, root, run_id)
         if dry_run:
-            return RemoteSubmission(link, str(final), None, None, backend_name or default_backend(job), [], choice, workdir)
+            return RemoteSubmission(link, str(final), None, None, backend_name or default_backend(job), [], job, workdir)
         answer = link.json(["submit-run", str(final), "--backend", backend_name or default_backend(job), "--chdir", workdir])
         return RemoteSubmission(link, str(final), answer.get("job_id"), answer.get("display_id"), answer.get("backend", ""),
-                                list(answer.get("warnings") or []), choice, workdir)
+                                list(answer.get("warnings") or []), job, workdir)
     except BaseException:
         link.close()
         raise

@@ -18,17 +18,17 @@ import yaml
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
-from clusterctl.plan.job import Job
+from clusterctl.plan.job import JobConfig, PlannedJob
 from clusterctl.render.scripts import render_run
 from clusterctl.rundir import RunDir
 
 
-def node_python(job: Job) -> str:
+def node_python(job: PlannedJob) -> str:
     """The interpreter ranks run: the site's, else the one running clusterctl (shared filesystems)."""
     return job.site.python or sys.executable
 
 
-def _render(job: Job, final: Path, standalone: bool, run_id: str | None, python: str | None = None) -> dict[str, str]:
+def _render(job: PlannedJob, final: Path, standalone: bool, run_id: str | None, python: str | None = None) -> dict[str, str]:
     """Every file of the run as text, rendered and validated before anything touches the disk."""
     rendered = render_run(
         job.plan, final, python=python or node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id
@@ -37,7 +37,7 @@ def _render(job: Job, final: Path, standalone: bool, run_id: str | None, python:
     return {**rendered.files, rundir.SPEC: yaml.safe_dump(spec_doc, sort_keys=False)}
 
 
-def _write_files(job: Job, files: dict[str, str], target: Path, final: Path) -> list[Path]:
+def _write_files(job: PlannedJob, files: dict[str, str], target: Path, final: Path) -> list[Path]:
     written = []
     for name, content in files.items():
         path = target / name
@@ -50,7 +50,7 @@ def _write_files(job: Job, files: dict[str, str], target: Path, final: Path) -> 
     return written
 
 
-def write_rendered(job: Job, out: Path, *, standalone: bool = False) -> list[Path]:
+def write_rendered(job: PlannedJob, out: Path, *, standalone: bool = False) -> list[Path]:
     """`render -o DIR`: write the files into DIR (created only once the job rendered)."""
     files = _render(job, out, standalone, None)
     try:
@@ -63,7 +63,7 @@ def write_rendered(job: Job, out: Path, *, standalone: bool = False) -> list[Pat
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
-def runs_root(job: Job) -> Path:
+def runs_root(job: PlannedJob | JobConfig) -> Path:
     """The runs root: the spec's, else the site's, else ./runs; `~` and `$VARIABLE`s expanded.
 
     An unset variable is an error rather than a directory named after it.
@@ -89,7 +89,7 @@ def expand_path(text: str) -> tuple[Path | None, str | None]:
     return (path if path.is_absolute() else Path.cwd() / path), None
 
 
-def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None) -> RunDir:
+def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None = None) -> RunDir:
     """Make `<runs root>/<run id>/` complete, or not at all (and no runs root for a refused job)."""
     run_id = run_id or rundir.new_run_id(job.spec.name)
     root = runs_root(job)
@@ -108,7 +108,7 @@ def create_run(job: Job, *, standalone: bool = False, run_id: str | None = None)
     return RunDir(final)
 
 
-def _populate(job: Job, files: dict[str, str], target: Path, final: Path, ship_from: Path | None) -> None:
+def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path, ship_from: Path | None) -> None:
     """A new run directory's contents, written at `target` for its place `final`."""
     target.mkdir(parents=True)
     _write_files(job, files, target, final)
@@ -120,7 +120,7 @@ def _populate(job: Job, files: dict[str, str], target: Path, final: Path, ship_f
     RunDir(target).write_state(state="rendered", run_id=final.name)
 
 
-def stage_run(job: Job, final: Path, stage: Path, python: str, ship_from: Path | None) -> RunDir:
+def stage_run(job: PlannedJob, final: Path, stage: Path, python: str, ship_from: Path | None) -> RunDir:
     """A run rendered for `final` on another machine, written under `stage` here to be shipped there whole.
 
     With `ship_from`, the git work tree holding it is copied into code/tree/ as it is now (uncommitted

@@ -27,14 +27,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from clusterctl.syntax import hostlist
-from clusterctl.rundir import rankmanifest
 from clusterctl import rundir
-from clusterctl.syntax.cpulist import format_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir, read_json
-from clusterctl.rundir import history
+from clusterctl.rundir import RunDir, attemptjson, history, rankmanifest, read_json, runjson
+from clusterctl.rundir.attemptjson import AttemptJson
+from clusterctl.rundir.runjson import RunJson
+from clusterctl.syntax import hostlist
+from clusterctl.syntax.cpulist import format_cpulist
 
 GROUPS = ("training", "data", "recovery", "environment")
 
@@ -47,28 +47,28 @@ def load(run: RunDir, attempt: int | None = None) -> dict[str, Any]:
         raise ClusterctlError(f"run {run.path.name} has no attempt {attempt} (attempts: {have})", ExitCode.USAGE)
     if attempt is None and attempts:
         attempt = attempts[-1]
-    run_json = read_json(run.run_json) or {}
+    plan = runjson.read(run.path)
     spec = _yaml(run.path / rundir.SPEC)
     site = _yaml(run.path / rundir.SITE)
     adir = run.attempt(attempt) if attempt is not None else None
     node = _read(adir, rundir.RECORD)
     manifest = rankmanifest.read(adir / rundir.MANIFEST) if adir is not None else None
-    attempt_json = _read(adir, rundir.ATTEMPT_JSON)
+    attempt_json = attemptjson.read(adir) if adir is not None else None
     no_node_record = _why_no_node_record(run, attempt, node is not None)
     record = {
         "run": {
             "id": run.path.name,
             "path": str(run.path),
-            "name": run_json.get("name"),
-            "site": run_json.get("site"),
-            "spec_hash": run_json.get("spec_hash"),
+            "name": plan.name if plan else None,
+            "site": plan.site if plan else None,
+            "spec_hash": plan.spec_hash if plan else None,
             "attempts": attempts,
         },
         "attempt": attempt,
-        "training": _training(run, run_json, spec, node, no_node_record),
+        "training": _training(run, plan, spec, node, no_node_record),
         "data": _data(node, no_node_record),
-        "recovery": _recovery(run, run_json, node, attempt, no_node_record),
-        "environment": _environment(run, run_json, spec, site, attempt, attempt_json, manifest),
+        "recovery": _recovery(run, plan, node, attempt, no_node_record),
+        "environment": _environment(run, plan, spec, site, attempt, attempt_json, manifest),
     }
     for group in GROUPS:  # the reasons last, after the facts they are about
         if "unknown" in record[group]:
@@ -166,18 +166,19 @@ def source(run: RunDir) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _training(
-    run: RunDir, run_json: dict[str, Any], spec: dict[str, Any] | None, node: dict[str, Any] | None, no_node: str | None
+    run: RunDir, plan: RunJson | None, spec: dict[str, Any] | None, node: dict[str, Any] | None, no_node: str | None
 ) -> dict[str, Any]:
+    planned = plan.to_dict() if plan is not None else {}
     trainer = (node or {}).get("training") or {}
     group: dict[str, Any] = {}
     found, why = source(run)
     _put(group, "source", found, why)
     if found is not None and why:
         group.setdefault("unknown", {})["source.revision" if found.get("revision") is None else "source.dirty"] = why
-    no_plan = f"{rundir.RUN_JSON} is missing or unreadable" if not run_json else None
-    _put(group, "command", run_json.get("command"), no_plan)
-    _put(group, "spec_hash", run_json.get("spec_hash"), no_plan)
-    model_spec = run_json.get("model")
+    no_plan = f"{rundir.RUN_JSON} is missing or unreadable" if plan is None else None
+    _put(group, "command", planned.get("command"), no_plan)
+    _put(group, "spec_hash", planned.get("spec_hash"), no_plan)
+    model_spec = planned.get("model")
     _put(group, "model", {
         "spec": model_spec,
         "trainer": {k: trainer.get(k) for k in ("model_type", "parameters") if k in trainer} or None,
@@ -190,20 +191,18 @@ def _training(
         group.setdefault("unknown", {})["optimizer.trainer"] = no_node or "the trainer recorded no optimizer"
     _put(group, "schedule", trainer.get("schedule"),
          no_node or "the trainer did not describe its schedule (Contract.describe(training={'schedule': ...}))")
-    _put(group, "precision", {"spec": run_json.get("precision"), "trainer": trainer.get("precision")}, None)
+    _put(group, "precision", {"spec": planned.get("precision"), "trainer": trainer.get("precision")}, None)
     if trainer.get("precision") is None:
         group.setdefault("unknown", {})["precision.trainer"] = (
             no_node or "the trainer did not describe its numerical formats (Contract.describe(training={'precision': ...}))"
         )
-    plan_batch = dict(run_json["batch"], seq_len=run_json.get("seq_len")) if isinstance(run_json.get("batch"), dict) else None
+    plan_batch = dict(planned["batch"], seq_len=planned["seq_len"]) if plan is not None else None
     _put(group, "batch", {"plan": plan_batch, "trainer": trainer.get("batch")}, None)
     if trainer.get("batch") is None:
         group.setdefault("unknown", {})["batch.trainer"] = (
             no_node or "the trainer did not describe its batch construction (Contract.describe(training={'batch': ...}))"
         )
-    parallel = dict(run_json["parallel"]) if isinstance(run_json.get("parallel"), dict) else None
-    if parallel is not None:
-        parallel.update(world_size=run_json.get("world_size"), rank_order=run_json.get("rank_order"))
+    parallel = dict(planned["parallel"], world_size=planned["world_size"], rank_order=planned["rank_order"]) if plan else None
     _put(group, "parallel", parallel, no_plan)
     seeds = dict(trainer.get("seeds") or {})
     if "torch_initial_seed" in trainer:
@@ -234,12 +233,12 @@ def _data(node: dict[str, Any] | None, no_node: str | None) -> dict[str, Any]:
 
 # --- recovery -----------------------------------------------------------------------------
 def _recovery(
-    run: RunDir, run_json: dict[str, Any], node: dict[str, Any] | None, attempt: int | None, no_node: str | None
+    run: RunDir, plan: RunJson | None, node: dict[str, Any] | None, attempt: int | None, no_node: str | None
 ) -> dict[str, Any]:
     facts = (node or {}).get("recovery") or {}
     group: dict[str, Any] = {}
     _put(group, "schema_version", facts.get("schema_version"), no_node or "the trainer did not record it")
-    _put(group, "checkpoint_dir", facts.get("checkpoint_dir") or (str(run.checkpoint_dir(run_json)) if run_json else None),
+    _put(group, "checkpoint_dir", facts.get("checkpoint_dir") or (str(plan.checkpoint_dir(run.path)) if plan else None),
          "neither the trainer nor run.json says where checkpoints go")
     if "resumed" in facts:
         for key in ("resumed", "resumed_from", "start_step", "how"):
@@ -371,24 +370,25 @@ def _nodes(
 
 def _environment(
     run: RunDir,
-    run_json: dict[str, Any],
+    plan: RunJson | None,
     spec: dict[str, Any] | None,
     site: dict[str, Any] | None,
     attempt: int | None,
-    attempt_json: dict[str, Any] | None,
+    attempt_json: AttemptJson | None,
     manifest: dict[str, Any] | None,
 ) -> dict[str, Any]:
     group: dict[str, Any] = {}
     where = f"{rundir.ATTEMPT_PREFIX}{attempt}" if attempt is not None else None
     if attempt_json is not None:
-        allocation = {k: attempt_json.get(k) for k in ("job_id", "nodelist", "hosts", "spares", "batch_host", "master_host")}
-        allocation["master"] = f"{attempt_json.get('master_addr')}:{attempt_json.get('master_port')}"
-        allocation["excluded"] = run_json.get("exclude")
+        a = attempt_json
+        allocation = {"job_id": a.job_id, "nodelist": a.nodelist, "hosts": list(a.hosts), "spares": a.spares,
+                      "batch_host": a.batch_host, "master_host": a.master_host, "master": f"{a.master_addr}:{a.master_port}",
+                      "excluded": list(plan.exclude) if plan else None}
         _put(group, "allocation", allocation, None)
     else:
         _put(group, "allocation", None, "no attempt has started yet" if where is None
              else f"{where}/{rundir.ATTEMPT_JSON} is missing: the batch script writes it before the ranks start")
-    hosts = list((attempt_json or {}).get("hosts") or [])
+    hosts = list(attempt_json.hosts) if attempt_json is not None else []
     if manifest is not None:
         hosts += [str(r.get("host")) for r in manifest.get("ranks") or [] if isinstance(r, dict) and r.get("host")]
     paths, switch_reason = switch_paths(site, list(dict.fromkeys(hosts)))
@@ -401,8 +401,8 @@ def _environment(
         _put(group, "nodes", None, "no attempt has started yet" if where is None
              else f"{where}/{rundir.MANIFEST} is missing: the controller writes the ranks' registrations (versions,"
              " environment) at the rendezvous, which this attempt did not reach")
-    if run_json:
-        group["env_requested"] = {"job": run_json.get("env") or {}, "site": run_json.get("site_env") or {}}
+    if plan is not None:
+        group["env_requested"] = {"job": plan.env, "site": plan.site_env}
     else:
         _put(group, "env_requested", None, f"{rundir.RUN_JSON} is missing or unreadable")
     container, why = _container(spec)

@@ -15,11 +15,12 @@ else to its end, times the allocation's GPUs, spares included) is split into
 * useful:   the steps the run kept, times the world size;
 * start-up: from each attempt's start to the start of its first step (an
             attempt still starting: all of its time so far);
-* lost:     steps a later attempt redid, and attempts that ended before
+* lost:     steps a later attempt redid, and attempts that failed before
             their first step;
 * other:    the rest: checkpoint saves and evaluations between steps, idle
-            spare nodes, the wind-down after the last step and the gap
-            before a restart.
+            spare nodes, the wind-down after the last step, the gap before
+            a restart, and an attempt that finished without reporting a step
+            (its time cannot be split).
 
 `goodput` is useful / allocated; it is unknown (null) for a run that never
 reported a step.
@@ -230,7 +231,7 @@ def goodput(attempts: list[Attempt], world: int, running: int | None, now: float
             startup += min(span, a.startup_s or 0.0) * a.gpus
         elif a.attempt == running:
             startup += span * a.gpus
-        else:
+        elif a.exit_code != 0:
             lost += span * a.gpus
     return Goodput(allocated, useful, min(startup, allocated), min(lost, allocated))
 
@@ -336,7 +337,7 @@ def _derive(run: RunDir, h: History, jobs: Mapping[str, JobInfo | None] | None, 
     trained = any(a.steps for a in attempts)
 
     def hours(seconds: float) -> float | None:
-        return round(seconds / 3600, 4) if split.allocated > 0 else None
+        return round(seconds / 3600, 6) if split.allocated > 0 else None
 
     return RunState(
         run=run.path.name,

@@ -33,7 +33,7 @@ from clusterctl.integrations.submitit.paths import RunPaths, write_atomic
 
 if tp.TYPE_CHECKING:
     from clusterctl.backends import Backend
-    from clusterctl.plan.job import Job as ClusterJob
+    from clusterctl.plan.job import PlannedJob as ClusterJob
     from clusterctl.views.state import RunState
 
 R = tp.TypeVar("R", covariant=True)
@@ -344,7 +344,8 @@ class ClusterctlExecutor(core.PicklingExecutor):
 
     def load_job(self) -> ClusterJob:
         """The clusterctl job a submission makes: the spec, the parameters, this folder as runs root, our command."""
-        from clusterctl.plan.job import load_job
+        from clusterctl.actions.submit import local_suspects
+        from clusterctl.plan.job import plan_job, read_job
 
         path = self._spec_path()
         sets = spec_overrides(self.parameters, default_timeout=self.spec is None)
@@ -352,10 +353,10 @@ class ClusterctlExecutor(core.PicklingExecutor):
             # submitit never calls a function again after it raised; a fault restart would.
             sets = ["restart.budget=0", *sets]
         command = [f"command={json.dumps(COMMAND)}"]
-        job = load_job(path, sets + command)
-        if job.spec.runs_root is None:
-            job = load_job(path, [f"runs_root={json.dumps(str(self.folder))}", *sets, *command])
-        return job
+        config = read_job(path, sets + command)
+        if config.spec.runs_root is None:
+            config = read_job(path, [f"runs_root={json.dumps(str(self.folder))}", *sets, *command])
+        return plan_job(config, local_suspects(config))  # planned once, as `clusterctl submit` plans
 
     def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]) -> list[core.Job[tp.Any]]:
         from clusterctl.backends import get_backend
