@@ -60,7 +60,7 @@ def median_ms(call: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 def probe_ms(env: dict[str, str]) -> tuple[float, float]:
     """choose_query() in a fresh interpreter (its start and imports apart), with an empty probe cache, then with it filled."""
-    code = ("import time; from clusterctl.backends.slurm.query import choose_query; t = time.perf_counter(); q = choose_query();"
+    code = ("import time; from clusterctl.backends.slurm.choose import choose_query; t = time.perf_counter(); q = choose_query();"
             " print(q.name, (time.perf_counter() - t) * 1000)")
     found = []
     with tempfile.TemporaryDirectory(prefix="clusterctl-bench-cache-") as cache:

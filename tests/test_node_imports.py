@@ -1,29 +1,59 @@
-"""The node side stays light: no login-node libraries, and torch only where it is the point."""
+"""The node side stays light: no login-node libraries, and torch only where it is the point.
+
+Every module that runs on a compute node — the launcher, the controller, the
+aggregator, the recovery step, the run directory's records, the notations,
+the local backend's Slurm shims, the checkpoint protocol and the trainer —
+is imported in a fresh interpreter, and what it loaded is checked.
+"""
 
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
 
-HEAVY = ("pydantic", "typer", "rich", "jinja2", "yaml", "click", "paramiko")
+import clusterctl
+
+LOGIN_SIDE = ("pydantic", "typer", "rich", "jinja2", "yaml", "click", "paramiko", "matplotlib")
+NODE_FOLDERS = ("syntax", "rundir", "runtime", "checkpoint", "trainer")
+NODE_MODULES = (
+    "clusterctl.exitcodes", "clusterctl.envnames", "clusterctl.errors", "clusterctl.launch", "clusterctl.plan.ranks",
+    "clusterctl.qualify.commbench",
+)
+TORCH_IS_THE_POINT = ("clusterctl.checkpoint.", "clusterctl.trainer.", "clusterctl.qualify.commbench")
+TORCH_FREE_CHECKPOINT = ("checksums", "durable", "errors", "generations", "manifest", "names", "phases", "reshard", "retention", "verify")
 
 
-def imported_by(module: str) -> set[str]:
-    code = f"import sys, {module}; print(' '.join(sorted(sys.modules)))"
+def node_side() -> list[str]:
+    found = []
+    for info in pkgutil.walk_packages(clusterctl.__path__, "clusterctl."):
+        parts = info.name.split(".")
+        if info.name.endswith("__main__"):
+            continue
+        if parts[1] in NODE_FOLDERS or info.name in NODE_MODULES or info.name.startswith("clusterctl.backends.local"):
+            found.append(info.name)
+    return found
+
+
+def loaded_by(modules: list[str]) -> set[str]:
+    code = f"import sys; import {', '.join(modules)}; print(' '.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return set(out.stdout.split())
 
 
-def test_launcher_controller_and_checks_import_no_login_node_libraries() -> None:
-    for module in (
-        "clusterctl.launch",
-        "clusterctl.runtime.controller",
-        "clusterctl.runtime.preflight",
-        "clusterctl.runtime.rendezvous",
-        "clusterctl.runtime.postchecks",
-        "clusterctl.syntax.hostlist",
-    ):
-        loaded = imported_by(module)
-        heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
-        assert not heavy, f"{module} imports {heavy}"
-        assert "torch" not in loaded, f"{module} imports torch at import time"
+def test_every_node_side_module_imports_no_login_node_library() -> None:
+    modules = node_side()
+    assert {"clusterctl.runtime.controller", "clusterctl.runtime.launch", "clusterctl.runtime.aggregator",
+            "clusterctl.runtime.nextattempt", "clusterctl.rundir.history", "clusterctl.backends.local.srun"} <= set(modules)
+    for group in ([m for m in modules if not m.startswith(TORCH_IS_THE_POINT)], modules):
+        loaded = loaded_by(group)
+        heavy = sorted({m.split(".")[0] for m in loaded} & set(LOGIN_SIDE))
+        assert not heavy, f"node-side modules load {heavy}"
+
+
+def test_torch_only_where_torch_is_the_point() -> None:
+    light = [m for m in node_side() if not m.startswith(TORCH_IS_THE_POINT)]
+    light += [f"clusterctl.checkpoint.{name}" for name in TORCH_FREE_CHECKPOINT]
+    loaded = loaded_by(light)
+    assert "torch" not in loaded, "a node-side module outside checkpoint/trainer imports torch at import time"
+    assert "numpy" not in loaded

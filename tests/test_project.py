@@ -78,6 +78,21 @@ def test_wheel_ships_templates_and_site_configs(tmp_path: Path) -> None:
     shipped = sorted(p.stem for p in (ROOT / "site-configs").glob("*.yaml"))
     has_templates = any((ROOT / "templates").glob("*.j2"))
     assert out.stdout.splitlines() == [str(shipped), str(has_templates)]
+    # Every module of the source tree is in the wheel and imports from it (a package missing from pyproject's list
+    # would be found by an editable install and by nothing else).
+    every = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "clusterctl").rglob("*.py") if p.name != "__main__.py"
+    )
+    probe = (
+        "import importlib, sys; names = sys.argv[1:]; "
+        "bad = [n for n in names if not importlib.import_module(n).__file__.startswith(%r)]; print(len(names), bad)" % str(unpacked)
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *every], cwd=tmp_path, env={"PYTHONPATH": str(unpacked)}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [str(len(every)), "[]"]
 
 
 def test_core_package_does_not_depend_on_torch() -> None:

@@ -228,10 +228,10 @@ def test_without_matplotlib_the_figures_are_printed_and_exit_69(straggler_run: P
     assert not out.exists()
 
 
-def test_the_run_record_is_shown_when_there_is_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "clusterctl.views.record", None)  # the module's absence: the attempt's record.json is used
+def test_the_run_record_is_shown_when_there_is_one(tmp_path: Path) -> None:
+    """What the trainer recorded for the attempt (record.json) reaches the page through the run record."""
     run = _minimal_run(tmp_path)
-    (run / "attempt-1" / "record.json").write_text(json.dumps({"training": {"seed": 1234, "optimizer": "adamw"}}))
+    (run / "attempt-1" / "record.json").write_text(json.dumps({"training": {"seeds": {"python": 1234}, "optimizer": "adamw"}}))
     out = tmp_path / "out"
     build_report(RunDir(run), out)
     page = (out / "index.html").read_text()

@@ -22,7 +22,8 @@ import pytest
 from clusterctl.backends.slurm import pyslurmprobe
 from clusterctl.backends.base import JobInfo
 from clusterctl.backends.slurm.cliquery import CliQuery, parse_squeue_line
-from clusterctl.backends.slurm.query import QUERY_ENV, SchedulerQuery, choose_query, node_reason, node_state, task_ranges, wait_status
+from clusterctl.backends.slurm.choose import QUERY_ENV, choose_query
+from clusterctl.backends.slurm.query import SchedulerQuery, node_reason, node_state, task_ranges, wait_status
 from clusterctl.backends.slurm.backend import SlurmBackend
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -217,7 +218,7 @@ def test_an_unreachable_controller_is_exit_69(way: str, slurm_lab: Any, tmp_path
     dead = tmp_path / "slurm.conf"
     lines = Path(slurm_lab.conf).read_text().splitlines()
     dead.write_text("\n".join("SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line for line in lines) + "\n")
-    code = ("from clusterctl.backends.slurm.query import choose_query\n"
+    code = ("from clusterctl.backends.slurm.choose import choose_query\n"
             "from clusterctl.errors import ClusterctlError\n"
             "q = choose_query()\n"
             "try:\n    q.jobs(['1', '2'])\nexcept ClusterctlError as exc:\n    print(q.name, int(exc.exit_code), exc.message)\n")
@@ -259,7 +260,7 @@ def test_choice_is_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch, tm
 def test_auto_without_a_slurm_conf_survives(tmp_path: Path) -> None:
     """`import pyslurm` would end the process here; the choice must not even try."""
     env = {**os.environ, "SLURM_CONF": str(tmp_path / "missing.conf"), QUERY_ENV: "auto"}
-    code = "from clusterctl.backends.slurm.query import choose_query; print(choose_query().name)"
+    code = "from clusterctl.backends.slurm.choose import choose_query; print(choose_query().name)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=False)
     assert (out.returncode, out.stdout.strip()) == (0, "cli"), out.stderr
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from clusterctl import rundir
+from clusterctl.rundir import runjson
 from clusterctl.cli.app import out_console
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.options import JsonOpt
@@ -21,10 +21,9 @@ from clusterctl.exitcodes import ExitCode
 
 def checkpoint_dir(target: Path) -> Path:
     """A run directory (its checkpoint.dir, else <run>/checkpoints) or a checkpoint directory itself."""
-    run_json = target / rundir.RUN_JSON
-    if run_json.is_file():
-        configured = json.loads(run_json.read_text()).get("checkpoint", {}).get("dir")
-        return Path(configured) if configured else target / rundir.CHECKPOINTS
+    plan = runjson.read(target) if target.is_dir() else None
+    if plan is not None:
+        return plan.checkpoint_dir(target)
     if target.is_dir():
         return target
     try:  # a run id under ./runs, or one of the run's job ids

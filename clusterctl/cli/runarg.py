@@ -8,7 +8,7 @@ from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
-from clusterctl.rundir import is_run
+from clusterctl.rundir import is_run, jobid
 
 RUNS = "runs"  # the default runs root, relative to where clusterctl runs
 
@@ -17,7 +17,7 @@ def _by_job(job: str, root: Path) -> Path | None:
     """The run under `root` that has had job `job` (submitted, continued or requeued into it)."""
     from clusterctl.actions.runjobs import run_jobs
 
-    native = job.removeprefix("local-")
+    native = jobid.native(job)
     if not native.isdigit() or not root.is_dir():
         return None
     found = [p for p in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) if is_run(p) and native in run_jobs(RunDir(p))]

@@ -28,6 +28,8 @@ import torch.distributed as dist
 
 from clusterctl import envnames, rundir
 from clusterctl.plan.ranks import RankLayout
+from clusterctl.rundir import runjson
+from clusterctl.rundir.runjson import RunJson
 
 OUTPUT = "commbench.json"
 ITERS = 5
@@ -36,11 +38,11 @@ KINDS = ("world", "tp", "cp", "dp", "pp", "ep")
 BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n}
 
 
-def sizes_for(kind: str, run: dict[str, Any], cuda: bool) -> list[int]:
+def sizes_for(kind: str, run: RunJson, cuda: bool) -> list[int]:
     """Bytes per message: what `kind` carries in a training step (capped on CPU, where gloo is slow)."""
-    model = run.get("model") or {}
-    hidden, seq = int(model.get("hidden") or 1024), int(run.get("seq_len") or 2048)
-    micro = int((run.get("batch") or {}).get("micro") or 1)
+    model = run.model or {}
+    hidden, seq = int(model.get("hidden") or 1024), int(run.seq_len or 2048)
+    micro = int(run.batch.micro or 1)
     activation = micro * seq * hidden * 2  # one bf16 activation tensor: what tp/cp exchange per layer
     bucket = 25 << 20  # DDP's default gradient bucket: what dp all-reduces
     wanted = {"tp": activation, "cp": activation, "ep": activation, "pp": activation, "dp": bucket, "world": bucket}[kind]
@@ -77,7 +79,7 @@ def _groups(layout: RankLayout, kind: str) -> list[list[int]]:
     return [list(range(layout.world))] if kind == "world" else layout.groups(kind)
 
 
-def measure(layout: RankLayout, run: dict[str, Any], hosts: list[str]) -> dict[str, Any]:
+def measure(layout: RankLayout, run: RunJson, hosts: list[str]) -> dict[str, Any]:
     rank = dist.get_rank()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -141,13 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     run_dir = Path(os.environ[envnames.RUN_DIR])
-    run = json.loads((run_dir / rundir.RUN_JSON).read_text())
-    par = run.get("parallel") or {}
-    layout = RankLayout(tp=par.get("tp", 1), cp=par.get("cp", 1), dp=par.get("dp", 1), pp=par.get("pp", 1), ep=par.get("ep", 1))
+    run = runjson.load(run_dir)
+    layout = RankLayout(**run.parallel.sizes())
     attempt = Path(os.environ[envnames.ATTEMPT_DIR])
-    hosts_file = attempt / "hosts"
-    node_hosts = hosts_file.read_text().split() if hosts_file.exists() else []
-    per_node = int(run.get("gpus_per_node") or 1)
+    node_hosts = rundir.read_hosts(attempt)
+    per_node = run.gpus_per_node or 1
     hosts = [node_hosts[r // per_node] if r // per_node < len(node_hosts) else str(r) for r in range(layout.world)]
     report = measure(layout, run, hosts)
     if dist.get_rank() == 0:

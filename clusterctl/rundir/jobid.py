@@ -17,7 +17,7 @@ def native(job_id: Any) -> str:
     """The scheduler's own id: `local-7` and `7` are the same job; anything else is kept as written."""
     text = str(job_id or "").strip()
     bare = text.removeprefix(LOCAL_PREFIX)
-    return bare if bare.isdigit() else text
+    return bare if bare.isascii() and bare.isdigit() else text
 
 
 def display(job_id: str | None, backend: str | None) -> str | None:
@@ -31,4 +31,4 @@ def display(job_id: str | None, backend: str | None) -> str | None:
 def local_number(job_id: Any) -> int | None:
     """The local backend's job number from `N` or `local-N`; None for anything else."""
     bare = native(job_id)
-    return int(bare) if bare.isdigit() else None
+    return int(bare) if bare.isascii() and bare.isdigit() else None

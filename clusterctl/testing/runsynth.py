@@ -1,8 +1,11 @@
 """A synthetic run directory, written fast and deterministically: for tests and benchmarks of `report`.
 
-The files have the layout and line format of a real run (rundir.py, the
-watch server's timeline.jsonl, the trainer's metrics.jsonl), so the report's
-fast line parser is exercised on the real format. Attempt 1 ends in a
+The files have the layout and line format of a real run: the small records
+are written by their own modules (rundir/runjson.py, attemptjson, verdict,
+history); timeline.jsonl and metrics.jsonl lines, millions of them, by
+format strings laid out as rundir/timeline.py and rundir/metrics.py define
+(tests compare them), so the report's fast line parser is exercised on the
+real format. Attempt 1 ends in a
 failure (a straggler verdict when `straggler` is given, else a killed rank)
 and restarts in the allocation from its latest checkpoint; later attempts
 but the last end at the job's time limit (pre-timeout, checkpoint committed)
@@ -20,6 +23,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from clusterctl import rundir
+from clusterctl.rundir import RunDir, history, jobid
+from clusterctl.rundir import verdict as verdictfile
+from clusterctl.rundir.runjson import CheckpointRecord, RunJson
+from clusterctl.rundir.verdict import Verdict
 
 T0 = 1_796_000_000.0  # the synthetic run's submission time (fixed: deterministic files)
 QUEUE_S = 45.0  # first job's wait in the queue
@@ -45,10 +54,6 @@ _STEP = (
 
 def _dump(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-
-def _event(fh: object, **fields: object) -> None:
-    fh.write(json.dumps(fields, separators=(",", ":")) + "\n")  # type: ignore[attr-defined]
 
 
 def _ranges(steps: int, attempts: int, interval: int) -> list[tuple[int, int, int]]:
@@ -94,58 +99,56 @@ def write_synthetic_run(
     run_id = f"{name}-run"
     path = Path(root) / run_id
     path.mkdir(parents=True, exist_ok=True)
-    _dump(path / "run.json", {"name": name, "run_id": run_id, "nodes": nodes, "gpus_per_node": GPUS_PER_NODE,
-                              "world_size": ranks, "spares": 0, "checkpoint": {"interval": interval, "dir": None}})
+    plan = RunJson(name=name, run_id=run_id, nodes=nodes, gpus_per_node=GPUS_PER_NODE, world_size=ranks,
+                   checkpoint=CheckpointRecord(interval=interval))
+    (path / rundir.RUN_JSON).write_text(plan.to_json())
     (path / "spec.yaml").write_text(f"name: {name}\nsite: local\nnodes: {nodes}\ngpus_per_node: {GPUS_PER_NODE}\n")
-    _dump(path / "state.json", {"backend": "local", "job_id": "local-1", "run_id": run_id, "state": "submitted"})
+    run = RunDir(path)
+    run.write_state(backend="local", job_id=jobid.display("1", "local"), run_id=run_id, state="submitted")
 
-    plan = _ranges(steps, attempts, interval)
+    ranges = _ranges(steps, attempts, interval)
     clock = T0 + QUEUE_S
     job = 1
-    with open(path / "attempts.jsonl", "w", encoding="utf-8") as events:
-        for k, (first, last, committed) in enumerate(plan, start=1):
-            adir = path / f"attempt-{k}"
-            adir.mkdir(exist_ok=True)
-            started = clock
-            _event(events, event="start", attempt=k, job_id=str(job), time=int(started), master="127.0.0.1:29500", nodes=nodes)
-            _dump(adir / "attempt.json", {"job_id": str(job), "attempt": k, "hosts": hosts, "nodelist": f"node[1-{nodes}]",
-                                          "started": int(started), "spares": 0, "master_addr": "127.0.0.1"})
-            end_t = _write_attempt(adir, rng, first, last, started + STARTUP_S, ranks, hosts, straggler, interval, evals, steps)
-            final = k == len(plan)
-            end = int(end_t) + 2
-            if final:
-                code, how, reason = 0, "stop", "training finished"
-                verdict = {"ok": True, "code": 0, "verdict": "ok", "message": f"all {ranks} ranks registered and checked",
-                           "culprits": [], "victims": [], "evidence": {}, "time": end}
-            elif k == 1:
-                culprit = straggler if straggler is not None else min(1, ranks - 1)
-                host = hosts[culprit // GPUS_PER_NODE]
-                if straggler is not None:
-                    code, kind, why = 83, "straggler", f"steps {STRAGGLER_FACTOR}x slower than the median rank"
-                else:
-                    code, kind, why = 84, "script_failed", "killed by a signal (Killed) before any peer failed"
-                message = f"rank {culprit} on {host} failed: {why}"
-                how, reason = "allocation", f"exit {code} ({message}); restarting in the allocation"
-                verdict = {"ok": False, "code": code, "verdict": kind, "message": message, "time": end, "evidence": {},
-                           "culprits": [{"rank": culprit, "host": host, "gpu": culprit % GPUS_PER_NODE, "reason": why}],
-                           "victims": []}
+    for k, (first, last, committed) in enumerate(ranges, start=1):
+        adir = run.attempt(k)
+        adir.mkdir(exist_ok=True)
+        started = clock
+        history.append(run, history.EVENT_START, attempt=k, job_id=str(job), time=int(started), master="127.0.0.1:29500",
+                       nodes=nodes)
+        _dump(adir / rundir.ATTEMPT_JSON, {"job_id": str(job), "attempt": k, "hosts": hosts, "nodelist": f"node[1-{nodes}]",
+                                           "started": int(started), "spares": 0, "master_addr": "127.0.0.1"})
+        end_t = _write_attempt(adir, rng, first, last, started + STARTUP_S, ranks, hosts, straggler, interval, evals, steps)
+        final = k == len(ranges)
+        end = int(end_t) + 2
+        if final:
+            code, how, reason = 0, "stop", "training finished"
+            verdict = Verdict(True, 0, f"all {ranks} ranks registered and checked", time=end)
+        elif k == 1:
+            culprit = straggler if straggler is not None else min(1, ranks - 1)
+            host = hosts[culprit // GPUS_PER_NODE]
+            if straggler is not None:
+                code, why = 83, f"steps {STRAGGLER_FACTOR}x slower than the median rank"
             else:
-                code, how, reason = 85, "continuation", "pre-timeout: checkpoint committed; continuing in a new job"
-                verdict = {"ok": True, "code": 85, "verdict": "pre_timeout", "message": "time limit near: saved and stopped",
-                           "culprits": [], "victims": [], "evidence": {}, "time": end}
-            _dump(adir / "verdict.json", verdict)
-            _event(events, event="end", attempt=k, job_id=str(job), exit=code, srun_exit=code, committed_step=committed, time=end)
-            nxt: dict[str, object] = {"event": "next", "how": how, "attempt": k, "job_id": str(job), "exit": code, "reason": reason,
-                                      "committed_step": committed, "time": end}
-            if how == "continuation":
-                nxt["next_job"] = str(job + 1)
-            _event(events, **nxt)
-            if how == "allocation":
-                clock = end + RESTART_GAP_S
-            elif how == "continuation":
-                job += 1
-                clock = end + CONTINUATION_QUEUE_S
-    (path / "checkpoints").mkdir(exist_ok=True)
+                code, why = 84, "killed by a signal (Killed) before any peer failed"
+            message = f"rank {culprit} on {host} failed: {why}"
+            how, reason = "allocation", f"exit {code} ({message}); restarting in the allocation"
+            verdict = Verdict(False, code, message, [{"rank": culprit, "host": host, "gpu": culprit % GPUS_PER_NODE,
+                                                      "reason": why}], time=end)
+        else:
+            code, how, reason = 85, "continuation", "pre-timeout: checkpoint committed; continuing in a new job"
+            verdict = Verdict(True, 85, "time limit near: saved and stopped", time=end)
+        verdictfile.write(adir, verdict)
+        history.append(run, history.EVENT_END, attempt=k, job_id=str(job), exit=code, srun_exit=code,
+                       committed_step=committed, time=end)
+        more = {"next_job": str(job + 1)} if how == "continuation" else {}
+        history.append(run, history.EVENT_NEXT, how=how, attempt=k, job_id=str(job), exit=code, reason=reason,
+                       committed_step=committed, time=end, **more)
+        if how == "allocation":
+            clock = end + RESTART_GAP_S
+        elif how == "continuation":
+            job += 1
+            clock = end + CONTINUATION_QUEUE_S
+    run.checkpoints.mkdir(exist_ok=True)
     return path
 
 

@@ -29,23 +29,20 @@ from clusterctl.backends.local import STATE_ENV
 from clusterctl.backends.local.control import ControlError, cancel_job, find, signal_job
 from clusterctl.backends.local.records import JobRecord, SubmitError, state_root, submit
 from clusterctl.errors import ClusterctlError
+from clusterctl.rundir import jobid
 from clusterctl.exitcodes import ExitCode
 from clusterctl.syntax.hostlist import compress
 
 
-ID_PREFIX = "local-"
-
-
 def display_id(job_id: int | str) -> str:
     """`local-N` for the emulated Slurm's job N (either form given)."""
-    number = native_id(str(job_id))
-    return f"{ID_PREFIX}{number}" if number is not None else str(job_id)
+    return jobid.display(str(job_id), "local") or str(job_id)
 
 
 def native_id(job_id: str) -> str | None:
     """The emulated Slurm's job number from `N` or `local-N`; None for anything else."""
-    text = job_id.strip().removeprefix(ID_PREFIX)
-    return str(int(text)) if text.isascii() and text.isdigit() else None
+    number = jobid.local_number(job_id)
+    return str(number) if number is not None else None
 
 
 class LocalBackend(Backend):

@@ -2,7 +2,7 @@
 
 Submitting stays `sbatch` whatever answers the questions (pyslurm 22.5's job
 description drops `--switches` and `--signal=B:`). Questions and the other
-actions go through `query.choose_query()`: pyslurm where a matching release is
+actions go through `choose.choose_query()`: pyslurm where a matching release is
 installed, else squeue/scontrol/scancel (see query.py). Every command has a
 timeout: a hung slurmctld must not hang the user.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from clusterctl.backends.base import Backend, JobInfo, Submission
 from clusterctl.backends.slurm.cliquery import parse_scontrol_job
-from clusterctl.backends.slurm.query import SchedulerQuery, choose_query
+from clusterctl.backends.slurm.choose import choose_query
+from clusterctl.backends.slurm.query import SchedulerQuery
 from clusterctl.backends.slurm.commands import UNREACHABLE, failure_code, run, slurm_reason
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode

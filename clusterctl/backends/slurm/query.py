@@ -7,10 +7,8 @@ through pyslurm's new API, in-process RPCs without a fork per question. Submitti
 is not here: it stays `sbatch` (pyslurm 22.5's job description drops `--switches`
 and `--signal=B:`).
 
-`choose_query()` takes pyslurm when it is installed, its major.minor matches the
-running Slurm's (pyslurm 22.5.x for Slurm 22.05.x) and a slurm.conf is readable,
-else the CLI. `CLUSTERCTL_SLURM_QUERY=cli|pyslurm|auto` forces one; a forced pyslurm
-that cannot be used is exit 69 with the reason.
+`choose.choose_query()` picks one of the two (pyslurm where it works here, else
+the CLI).
 
 Both give the same answers. What differs between them underneath is normalised here:
 
@@ -39,7 +37,6 @@ Both give the same answers. What differs between them underneath is normalised h
 
 from __future__ import annotations
 
-import os
 import signal as _signal
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -49,8 +46,6 @@ from clusterctl.backends.base import JobInfo
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
-QUERY_ENV = "CLUSTERCTL_SLURM_QUERY"
-CHOICES = ("auto", "cli", "pyslurm")
 _ABSENT = ("", "None", "(null)", "n/a", "N/A")
 
 
@@ -165,27 +160,3 @@ def task_ranges(expr: str) -> set[int]:
         if lo.isdigit() and (not hi or hi.isdigit()) and (not step or step.isdigit()):
             found.update(range(int(lo), int(hi or lo) + 1, int(step or 1) or 1))
     return found
-
-
-# --- choosing one -------------------------------------------------------------------------
-def choose_query() -> SchedulerQuery:
-    """pyslurm where it works here (see the module docstring), else the CLI; CLUSTERCTL_SLURM_QUERY forces one."""
-    from clusterctl.backends.slurm import pyslurmprobe
-    from clusterctl.backends.slurm.cliquery import CliQuery
-
-    wanted = (os.environ.get(QUERY_ENV) or "auto").strip().lower()
-    if wanted not in CHOICES:
-        raise ClusterctlError(f"{QUERY_ENV}={wanted!r}; expected one of: {', '.join(CHOICES)}", ExitCode.USAGE)
-    if wanted == "cli":
-        return CliQuery()
-    problem = pyslurmprobe.problem()
-    if problem is None:
-        from clusterctl.backends.slurm.pyslurmquery import PyslurmQuery
-
-        try:
-            return PyslurmQuery()
-        except ClusterctlError as exc:  # the probe's cached answer went stale (libslurm removed, say)
-            problem = exc.message
-    if wanted == "pyslurm":
-        raise ClusterctlError(f"{QUERY_ENV}=pyslurm, but pyslurm cannot be used here: {problem}", ExitCode.BACKEND_UNAVAILABLE)
-    return CliQuery()

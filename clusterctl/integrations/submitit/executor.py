@@ -257,10 +257,11 @@ class ClusterctlJob(core.Job[R]):
     def _get_logs_string(self, name: str) -> str | None:
         """This rank's lines from every attempt's node log (srun labels each with the rank); both streams."""
         from clusterctl import rundir
+        from clusterctl.rundir import runjson
         from clusterctl.views.logs import list_attempts, parse_label
 
         run = rundir.RunDir(self._run_dir)
-        gpn = int((rundir.read_json(run.run_json) or {}).get("gpus_per_node") or 1)
+        gpn = (runjson.read(run.path) or runjson.RunJson()).gpus_per_node or 1
         rank = self.task_id or 0
         lines: list[str] = []
         for attempt in list_attempts(run):

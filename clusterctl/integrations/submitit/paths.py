@@ -16,7 +16,7 @@ from typing import Any
 from submitit.core.utils import JobPaths
 
 from clusterctl import rundir
-from clusterctl.rundir import RunDir, read_json
+from clusterctl.rundir import RunDir, runjson
 
 class RunPaths(JobPaths):
     """submitit's JobPaths for one rank (`task_id`) of a clusterctl run."""
@@ -49,7 +49,7 @@ class RunPaths(JobPaths):
     def _node_log(self) -> Path:
         run = RunDir(self.run_dir)
         attempts = run.attempts()
-        gpn = int((read_json(run.run_json) or {}).get("gpus_per_node") or 1)
+        gpn = (runjson.read(run.path) or runjson.RunJson()).gpus_per_node or 1
         return rundir.node_log(run.attempt(attempts[-1] if attempts else 1), self.task_id // max(gpn, 1))
 
     def __repr__(self) -> str:

@@ -94,7 +94,9 @@ def render(head: dict[str, Any], state: dict[str, Any] | None, attempts: list[di
         rows += [["state", state.get("state")], ["why", state.get("reason") or "-"], ["job", state.get("job_id")],
                  ["latest committed checkpoint (step)", state.get("checkpoint")],
                  ["goodput (kept GPU time / allocated)", f"{state['goodput']:.1%}" if isinstance(state.get("goodput"), float) else None],
-                 ["lost GPU hours", state.get("lost_gpu_hours")], ["allocated GPU hours", state.get("allocated_gpu_hours")]]
+                 ["allocated GPU hours", state.get("allocated_gpu_hours")], ["useful GPU hours", state.get("useful_gpu_hours")],
+                 ["start-up GPU hours", state.get("startup_gpu_hours")], ["lost GPU hours", state.get("lost_gpu_hours")],
+                 ["other GPU hours", state.get("other_gpu_hours")]]
     rows += [["attempts", head.get("attempts")], ["last step", head.get("last_step")], ["final loss", head.get("final_loss")],
              ["final validation loss", head.get("final_val_loss")], ["best validation loss", head.get("best_val_loss")],
              ["median tokens/s", head.get("tokens_per_s_median")]]

@@ -1,0 +1,121 @@
+"""The run directory's records, one definition each: writers and readers agree, old run directories still read.
+
+run.json, attempt.json, verdict.json, timeline.jsonl lines and metrics lines
+each have one module (clusterctl/rundir/). The report reads millions of
+timeline and metrics lines with patterns built from those definitions; here
+the lines the writers make (and the synthetic runs the benchmarks use) must
+match them, and a run directory recorded before the definitions existed
+must read through every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from clusterctl.rundir import RunDir, attemptjson, history, metrics, runjson, timeline
+from clusterctl.rundir import verdict as verdictfile
+from clusterctl.rundir.runjson import RunJson
+from clusterctl.rundir.verdict import Verdict
+from clusterctl.testing import runsynth
+from clusterctl.views.report import load, timeline as report_timeline
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run-killed-rank.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> RunDir:
+    """A real run directory written before the records had definitions (rank 1 killed, restart in the allocation)."""
+    root = tmp_path_factory.mktemp("recorded")
+    with tarfile.open(FIXTURE) as tar:
+        tar.extractall(root, filter="data")
+    (path,) = root.iterdir()
+    return RunDir(path)
+
+
+def test_a_run_directory_of_the_previous_format_reads_through_every_record(recorded: RunDir) -> None:
+    plan = runjson.read(recorded.path)
+    assert plan is not None and plan.version == 1 and (plan.world_size, plan.gpus_per_node, plan.nodes) == (4, 2, 2)
+    assert plan.parallel.dp == 4 and plan.checkpoint_dir(recorded.path) == recorded.checkpoints
+    first = attemptjson.read(recorded.attempt(1))
+    assert first is not None and (first.format, first.job_id, first.hosts) == (1, "5", ("node1", "node2"))
+    blamed = verdictfile.read(recorded.attempt(1))
+    assert blamed is not None and not blamed.ok and blamed.code == 84 and blamed.culprit_hosts() == ["node1"]
+    kinds = {r["kind"] for r in timeline.read(recorded.attempt(2) / "timeline.jsonl")}
+    assert {"phase", "step", "gone"} <= kinds
+    steps = metrics.read_all(recorded.attempt(2) / "metrics.jsonl")
+    assert steps[0]["step"] == 100 and steps[-1]["step"] == 199
+    told = history.read(recorded)
+    assert [(a.number, a.exit_code, a.next) for a in told.attempts] == [(1, 84, "allocation"), (2, 0, "stop")]
+
+
+def test_run_json_round_trips_and_reads_what_it_does_not_know(tmp_path: Path) -> None:
+    plan = RunJson(name="x", world_size=8, gpus_per_node=4, exclude=("n1",),
+                   parallel=runjson.Parallel(tp=2, dp=4), checkpoint=runjson.CheckpointRecord(dir="/ck", async_=True))
+    data = plan.to_dict()
+    assert data["checkpoint"]["async"] is True and data["batch"]["global"] == 1 and data["version"] == runjson.VERSION
+    assert RunJson.from_dict(json.loads(json.dumps(data))) == plan
+    newer = {**data, "a_key_from_a_later_version": 1, "parallel": {**data["parallel"], "zz": 3}}
+    assert RunJson.from_dict(newer) == plan
+    assert RunJson.from_dict({"name": "old"}).watchdog.hang_timeout == 120.0  # a missing section: its defaults
+    (tmp_path / "run.json").write_text(plan.to_json())
+    assert runjson.read(tmp_path) == plan and runjson.read(tmp_path / "nowhere") is None
+
+
+def test_verdict_json_keeps_the_documented_keys(tmp_path: Path) -> None:
+    given = Verdict(False, 82, "rank 3 on n2 hung", [{"rank": 3, "host": "n2", "reason": "no progress"}],
+                    {"stacks": {}}, [{"rank": 0, "host": "n1", "reason": "waiting"}], time=5.0)
+    verdictfile.write(tmp_path, given)
+    text = (tmp_path / "verdict.json").read_text()
+    data = json.loads(text)
+    assert {"ok", "code", "verdict", "message", "culprits", "victims", "evidence", "time", "format"} <= set(data)
+    assert data["verdict"] == "hang" and '"ok": false' in text  # the batch script greps for this
+    assert verdictfile.read(tmp_path) == given
+
+
+def test_the_timeline_writers_lines_match_the_reports_patterns(tmp_path: Path) -> None:
+    path = tmp_path / "timeline.jsonl"
+    writer = timeline.TimelineWriter(path)
+    writer.write(timeline.PHASE, 1.5, rank=3, node="node2", step=7, phase="forward", at=1.25, step_s=9.0)
+    writer.write(timeline.STEP, 2.5, rank=3, node="node2", step=7, phase="collective", at=2.25, step_s=0.5, compute_s=0.25)
+    writer.write(timeline.GONE, 3.5, rank=3, node="node2", pid=77, at=3.25)
+    writer.close()
+    phase, step, gone = path.read_bytes().splitlines()
+    assert list(json.loads(phase)) == list(timeline.LAYOUT["phase"])  # step_s is no phase key
+    assert report_timeline._PHASE.findall(phase) == [(b"3", b"forward", b"1.25")]
+    assert report_timeline._STEP.findall(step) == [(b"3", b"7", b"0.5")]
+    assert list(json.loads(gone)) == list(timeline.LAYOUT["gone"])
+    no_at = json.dumps(timeline.record(timeline.PHASE, 1.5, rank=3, node="n", step=7, phase="idle")).encode()
+    assert report_timeline._PHASE_NO_AT.findall(no_at) == [(b"1.5", b"3", b"idle")]
+
+
+def test_the_metrics_writers_lines_match_the_reports_pattern(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    writer = metrics.MetricsWriter(path)
+    record = {"step": 4, "loss": 2.5, "loss_hex": float.hex(2.5), "step_s": 0.1, "compute_s": 0.05, "tokens_per_s": 99.0,
+              "t": 10.5, "train_s": 0.5, "total_steps": 9, "data_s": 0.01, "epoch": 0, "val_loss": 2.4, "mine": "kept"}
+    writer.write(dict(reversed(list(record.items()))))  # any order in: FIELDS order out, the writer's own keys last
+    writer.write({k: record[k] for k in ("step", "loss", "step_s", "compute_s", "tokens_per_s")})
+    writer.close()
+    lines = path.read_bytes().splitlines()
+    assert list(json.loads(lines[0])) == [*(k for k in metrics.FIELDS if k in record), "mine"]
+    assert load._METRIC.findall(lines[1]) == [(b"4", b"2.5", b"0.1", b"99.0", b"", b"")]
+    assert not load._METRIC.findall(lines[0])  # a key it does not know: the reader takes json.loads for the file
+    read = load.read_metrics(path, None)
+    assert list(read.step) == [4, 4] and read.val_loss[0] == 2.4
+
+
+def test_a_synthetic_run_is_laid_out_as_the_real_writers_lay_out_theirs(tmp_path: Path) -> None:
+    path = runsynth.write_synthetic_run(tmp_path, 40, ranks=4, attempts=2, seed=1, name="s", eval_interval=10)
+    for n in (1, 2):
+        adir = RunDir(path).attempt(n)
+        for raw in (adir / "timeline.jsonl").read_bytes().splitlines():
+            rec = json.loads(raw)
+            assert list(rec) == list(timeline.LAYOUT[rec["kind"]])
+        lines = (adir / "metrics.jsonl").read_bytes().splitlines()
+        assert lines and all(list(json.loads(line)) == [k for k in metrics.FIELDS if k in json.loads(line)] for line in lines)
+        assert len(load._METRIC.findall(b"\n".join(lines))) == len(lines)
+    assert runjson.read(path) is not None and len(history.read(RunDir(path)).attempts) == 2
