@@ -22,8 +22,10 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from clusterctl import envnames, rundir
-from clusterctl.cli import app, drill_cmd
+from clusterctl.cli import app
 from clusterctl.exitcodes import ExitCode
+from clusterctl.qualify import faultdrill
+from clusterctl.qualify.injector import Injector, InjectorFailed
 from clusterctl.runtime.inject import process_state
 from clusterctl.rundir import RunDir, write_json_atomic
 from tests.helpers import RUNNER
@@ -209,7 +211,7 @@ def test_pre_timeout_waits_for_the_attempts_end(make_run: Callable[..., FakeRun]
         with open(run.path / rundir.ATTEMPTS, "a") as fh:
             fh.write(json.dumps({"event": "end", "attempt": 1, "job_id": job_id, "time": int(time.time()) + 1, "exit": 85}) + "\n")
 
-    monkeypatch.setattr(drill_cmd, "send_pre_timeout", send)
+    monkeypatch.setattr(faultdrill, "send_pre_timeout", send)
     result = drill(str(run.path), "--pre-timeout", "--timeout", "10", "--json")
     assert result.exit_code == 0, result.output
     assert sent == [("local", "4242", "USR2")]
@@ -295,8 +297,8 @@ def test_injector_through_srun_overlap_reaches_the_right_rank_on_the_right_node(
         pids = {p.name.removeprefix("pid-"): int(p.read_text()) for p in tmp_path.glob("pid-*")}
         first, second = sorted(pids)
         monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
-        injector = drill_cmd.Injector("slurm", str(job), sys.executable)
-        with pytest.raises(drill_cmd.InjectorFailed, match="does not hold this attempt's token"):
+        injector = Injector("slurm", str(job), sys.executable)
+        with pytest.raises(InjectorFailed, match="does not hold this attempt's token"):
             injector.once(second, ["--pid", str(pids[second]), "--token", "wrong", "--kill"])
         result = injector.once(second, ["--pid", str(pids[second]), "--token", token, "--kill"])
         assert result["host"] == second and result["pid"] == pids[second]

@@ -85,5 +85,3 @@ def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: st
     """Validate the spec and the site and plan the job; ConfigError on any problem."""
     return plan_job(read_job(spec_path, overrides, site))
 
-
-Job = PlannedJob  # transitional name, removed once every caller says PlannedJob

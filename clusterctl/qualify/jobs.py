@@ -1,6 +1,6 @@
 """Running one of the ladder's jobs: submit a variant of the spec, act on it meanwhile, wait for its end.
 
-Every job goes through the same path a user's does (load_job, submit_job,
+Every job goes through the same path a user's does (load_for_submit, submit_job,
 the state derivation), under the ladder's own runs root, so its run
 directory, verdicts and report are the usual ones.
 """
@@ -8,10 +8,9 @@ directory, verdicts and report are the usual ones.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +19,14 @@ from typing import Any
 from clusterctl import rundir
 from clusterctl.backends import get_backend
 from clusterctl.actions.follow import follow, local_state
-from clusterctl.plan.job import Job, load_job
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+from clusterctl.plan.job import PlannedJob
+from clusterctl.qualify import faultdrill
 from clusterctl.rundir import RunDir
+from clusterctl.rundir import metrics as metricsfile
 from clusterctl.views.state import RunState
-from clusterctl.actions.submit import submit_job
+from clusterctl.actions.submit import load_for_submit, submit_job
 
 
 @dataclass
@@ -31,7 +34,7 @@ class JobRun:
     """A finished job of the ladder."""
 
     name: str
-    job: Job
+    job: PlannedJob
     run: RunDir
     state: RunState
     wall_s: float
@@ -44,35 +47,30 @@ class JobRun:
     def metrics(self, attempt: int | None = None) -> list[dict[str, Any]]:
         """Rank 0's metrics records of one attempt (all attempts in order by default)."""
         numbers = [attempt] if attempt is not None else self.run.attempts()
-        records = []
-        for n in numbers:
-            path = self.run.attempt(n) / rundir.METRICS
-            if path.exists():
-                for line in path.read_text().splitlines():
-                    try:
-                        records.append(json.loads(line))
-                    except ValueError:
-                        continue
-        return records
+        return [record for n in numbers for record in metricsfile.read_all(self.run.attempt(n) / rundir.METRICS)]
 
     def why(self) -> str:
         """A failed job in one line: state, reason, where to look."""
         return f"{self.name}: {self.state.state} (exit {self.state.exit_code}): {self.state.reason or 'no reason given'} [{self.run.path}]"
 
 
-def clusterctl_argv(*args: str) -> list[str]:
-    """This clusterctl as a subprocess (drills run from outside the program under test)."""
-    return [sys.executable, "-c", "from clusterctl.cli import main; main()", *args]
+def drill(run: RunDir, timeout_s: float = 300, **fault: Any) -> dict[str, Any]:
+    """A fault drill on the run (`kill=1`, `pre_timeout=True`: faultdrill.choose_fault's arguments), in this process.
 
-
-def drill(run: RunDir, *args: str, timeout_s: float = 300) -> dict[str, Any]:
-    done = subprocess.run(clusterctl_argv("drill", str(run.path), *args, "--json", "--timeout", str(int(timeout_s))),
-                          capture_output=True, text=True, timeout=timeout_s + 60, check=False)
+    The faults still come from outside the program under test (the injector runs as its own process); the
+    drill's report is `clusterctl drill --json`'s, with `exit` as that command's exit code: 0 passed, 3 missed,
+    or the error's code with `error` when the drill could not be run.
+    """
+    quiet: Callable[[str], None] = lambda _line: None
     try:
-        report = json.loads(done.stdout)
-    except ValueError:
-        report = {"error": (done.stderr or done.stdout).strip()[-2000:]}
-    report["exit"] = done.returncode
+        kind, target, factor = faultdrill.choose_fault(**fault)
+        report = faultdrill.run_drill(run, kind, target, factor, timeout_s, show=quiet, warn=quiet)
+    except ClusterctlError as exc:
+        return {"error": exc.message, "exit": int(exc.exit_code)}
+    except Exception:  # noqa: BLE001 - a bug in the drill: the rung reports it, as it did the command's crash
+        return {"error": traceback.format_exc().strip()[-2000:], "exit": int(ExitCode.BUG)}
+    report.pop("what", None)
+    report["exit"] = 0 if faultdrill.passed(report) else int(ExitCode.DRILL_MISSED)
     return report
 
 
@@ -81,13 +79,10 @@ def past_step(run: RunDir, step: int, timeout_s: float = 300) -> bool:
     path = run.attempt(1) / rundir.METRICS
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if path.exists():
-            lines = path.read_text().strip().splitlines()
-            try:
-                if lines and json.loads(lines[-1])["step"] > step:
-                    return True
-            except (ValueError, KeyError):
-                pass
+        with metricsfile.MetricsFile(path) as records:
+            last = records.last()
+        if last is not None and last["step"] > step:
+            return True
         time.sleep(0.2)
     return False
 
@@ -98,8 +93,8 @@ class Runner:
     def __init__(self, spec: Path, site: str | None, backend: str | None, runs_root: Path, show: Callable[[str], None]) -> None:
         self.spec, self.site, self.backend, self.runs_root, self.show = spec, site, backend, runs_root, show
 
-    def load(self, overrides: list[str]) -> Job:
-        return load_job(self.spec, [*overrides, f"runs_root={json.dumps(str(self.runs_root))}"], self.site)
+    def load(self, overrides: list[str]) -> PlannedJob:
+        return load_for_submit(self.spec, [*overrides, f"runs_root={json.dumps(str(self.runs_root))}"], self.site)
 
     def run(self, name: str, overrides: list[str], during: Callable[[RunDir], dict[str, Any]] | None = None) -> JobRun:
         job = self.load([*overrides, f"name=q-{name}"])

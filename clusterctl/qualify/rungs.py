@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from clusterctl.rundir import rankmanifest
+from clusterctl.rundir import rankmanifest, runjson
 from clusterctl import rundir
 from clusterctl.checkpoint import names
 from clusterctl.qualify.definition import Definition
@@ -104,7 +104,7 @@ def worker(c: Context) -> Rung:
     if not records[-1]["loss"] < records[0]["loss"]:
         rung.reason = f"the loss did not fall: {records[0]['loss']:.4f} at step 0, {records[-1]['loss']:.4f} at the end"
         return rung
-    generation = first.run.checkpoint_dir(json.loads(first.run.run_json.read_text())) / names.committed(half - 1)
+    generation = runjson.load(first.run.path).checkpoint_dir(first.run.path) / names.committed(half - 1)
     restore = c.out / "worker-restore-checkpoints"
     shutil.rmtree(restore, ignore_errors=True)
     restore.mkdir(parents=True)
@@ -323,7 +323,7 @@ def restart(c: Context) -> Rung:
     baseline = c.by_nodes.get(nodes)
 
     def stop(run: Any) -> dict[str, Any]:
-        return drill(run, "--pre-timeout") if past_step(run, interval) else {"error": "training never passed the checkpoint"}
+        return drill(run, pre_timeout=True) if past_step(run, interval) else {"error": "training never passed the checkpoint"}
 
     job = c.runner.run("restart", c.d.overrides(nodes, c.d.trainer(None, *_paced(c))) + [f"checkpoint.interval={interval}"], during=stop)
     rung.runs.append(str(job.run.path))
@@ -382,7 +382,7 @@ def failure(c: Context) -> Rung:
                 " and completes")
 
     def kill(run: Any) -> dict[str, Any]:
-        return drill(run, "--kill", "1") if past_step(run, interval) else {"error": "training never passed the checkpoint"}
+        return drill(run, kill=1) if past_step(run, interval) else {"error": "training never passed the checkpoint"}
 
     job = c.runner.run("failure", c.d.overrides(nodes, c.d.trainer(None, *_paced(c))) + [f"checkpoint.interval={interval}"], during=kill)
     rung.runs.append(str(job.run.path))

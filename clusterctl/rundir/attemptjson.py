@@ -19,7 +19,8 @@ reads with the default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,23 +51,30 @@ class AttemptJson:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "AttemptJson":
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            value = data.get(f.name)
-            if value is None:
-                continue
-            if f.name == "hosts":
-                values[f.name] = tuple(str(h) for h in value) if isinstance(value, list) else ()
-            elif f.name in ("job_id", "token", "master_host", "master_addr", "nodelist", "batch_host"):
-                values[f.name] = str(value)
-            elif f.name == "started":
-                values[f.name] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-            elif isinstance(value, int) and not isinstance(value, bool):
-                values[f.name] = value
-        return cls(**values)
+        hosts = data.get("hosts")
+        started = data.get("started")
+
+        def number(key: str, default: int) -> int:
+            value = data.get(key)
+            return value if value.__class__ is int else default
+
+        return cls(
+            format=number("format", 1),
+            job_id=str(data.get("job_id") or ""),
+            attempt=number("attempt", 0),
+            token=str(data.get("token") or ""),
+            master_host=str(data.get("master_host") or ""),
+            master_addr=str(data.get("master_addr") or ""),
+            master_port=number("master_port", 0),
+            nodelist=str(data.get("nodelist") or ""),
+            hosts=tuple(str(h) for h in hosts) if isinstance(hosts, list) else (),
+            spares=number("spares", 0),
+            batch_host=str(data.get("batch_host") or ""),
+            started=float(started) if started.__class__ in (int, float) else None,
+        )
 
 
 def read(attempt_dir: Path) -> AttemptJson | None:
     """The attempt's attempt.json; None while it is missing (the batch script has not written it yet)."""
-    data = read_json(Path(attempt_dir) / ATTEMPT_JSON)
+    data = read_json(os.path.join(attempt_dir, ATTEMPT_JSON))
     return AttemptJson.from_dict(data) if data is not None else None

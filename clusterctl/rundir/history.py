@@ -237,6 +237,7 @@ def fold(
                 str(state.get("state") or ""), str(state.get("reason") or ""), _int(state.get("exit_code")),
                 state.get("backend") if isinstance(state.get("backend"), str) else None, cancel)
     faults: list[Fault] = []
+    raw_jobs: list[Any] = []  # every event's job ids, made the scheduler's own once at the end
     owner = 0  # the attempt an event without one belongs to: the previous event's
     pending_begin: dict[str, Any] | None = None  # the decision that the next attempt's start follows
     for e in events:
@@ -244,10 +245,9 @@ def fold(
         when = _num(e.get("time"))
         if when is not None:
             h.last_time = when
-        for key in ("job_id", "next_job"):
-            value = jobid.native(e.get(key))
-            if value:
-                jobs.append(value)
+        raw_jobs.append(e.get("job_id"))
+        if "next_job" in e:
+            raw_jobs.append(e["next_job"])
         number = _int(e.get("attempt"))
         if number is not None:
             owner = number
@@ -319,20 +319,23 @@ def fold(
         if _int(e.get("committed_step")) is not None:
             h.committed_step = e["committed_step"]
     h.attempts = [attempts[n] for n in sorted(attempts)]
+    jobs += [native for native in map(jobid.native, dict.fromkeys(raw_jobs)) if native]
     h.jobs = list(dict.fromkeys(jobs))
     h.faults = tuple(faults)
     return h
 
 
-def read(run: layout.RunDir) -> History:
-    """The run's history from its directory: attempts.jsonl, state.json, cancel.json and run.json's mode.
+def read(run: layout.RunDir, standalone: bool | None = None) -> History:
+    """The run's history from its directory: attempts.jsonl, state.json, cancel.json and run.json's mode
+    (`standalone`, when the caller has read run.json already).
 
     An attempt directory without a single event (its batch script died before it wrote the start) is an
     attempt too: it is listed with what its attempt.json says.
     """
-    run_json = read_json(run.run_json) or {}
+    if standalone is None:
+        standalone = (read_json(run.run_json) or {}).get("mode") == "standalone"
     h = fold(read_events(run.events_file), read_json(run.path / layout.STATE), read_json(run.path / layout.CANCEL),
-             run_json.get("mode") == "standalone")
+             standalone)
     known = {a.number for a in h.attempts}
     extra = [n for n in run.attempts() if n not in known]
     for n in extra:

@@ -11,7 +11,8 @@ from typing import Any
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from a file, or None while it is missing, being written, or not an object."""
     try:
-        data = json.loads(Path(path).read_text())
+        with open(path, encoding="utf-8") as fh:
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -108,12 +109,12 @@ class RunDir:
 
     def attempts(self) -> list[int]:
         """Attempt numbers present on disk, ascending."""
-        found = []
-        for entry in self.path.glob(f"{ATTEMPT_PREFIX}*"):
-            suffix = entry.name[len(ATTEMPT_PREFIX) :]
-            if suffix.isdigit():
-                found.append(int(suffix))
-        return sorted(found)
+        try:
+            names = os.listdir(self.path)  # status reads a thousand runs: a listing, not a glob
+        except OSError:
+            return []
+        cut = len(ATTEMPT_PREFIX)
+        return sorted(int(n[cut:]) for n in names if n.startswith(ATTEMPT_PREFIX) and n[cut:].isdigit())
 
     @property
     def events_file(self) -> Path:

@@ -242,12 +242,14 @@ def derive(run: RunDir, jobs: Mapping[str, JobInfo | None] | None = None, now: f
     `jobs` maps job ids (either form) to what the scheduler said (None: it no longer knows the job); a job
     missing from `jobs` was not asked about, and the run directory alone decides.
     """
-    return _derive(run, history.read(run), jobs, now)
+    plan = runjson.read(run.path) or runjson.RunJson()
+    return _derive(run, plan, history.read(run, plan.standalone), jobs, now)
 
 
-def _derive(run: RunDir, h: History, jobs: Mapping[str, JobInfo | None] | None, now: float | None) -> RunState:
+def _derive(
+    run: RunDir, run_json: runjson.RunJson, h: History, jobs: Mapping[str, JobInfo | None] | None, now: float | None
+) -> RunState:
     now = time.time() if now is None else now
-    run_json = runjson.read(run.path) or runjson.RunJson()
     attempts = _attempts(run, h, run_json)
     asked = {jobid.native(k): v for k, v in (jobs or {}).items()}
     info = asked.get(h.job) if h.job else None
@@ -398,9 +400,12 @@ def derive_many(
     runs: Sequence[RunDir], backend_for: Callable[[str], Backend] | None, now: float | None = None
 ) -> tuple[list[RunState], list[str]]:
     """Every run's state with one scheduler query per backend for all of them; notes say what could not be asked."""
-    loaded = [(run, history.read(run)) for run in runs]
+    loaded = []
+    for run in runs:
+        plan = runjson.read(run.path) or runjson.RunJson()
+        loaded.append((run, plan, history.read(run, plan.standalone)))
     wanted: dict[str, list[str]] = {}
-    for _run, h in loaded:
+    for _run, _plan, h in loaded:
         job = _wanted(h)
         if job:
             wanted.setdefault(h.backend or "slurm", []).append(job)
@@ -413,4 +418,4 @@ def derive_many(
             answers.update(backend_for(name).info_many(sorted(set(jobs))))
         except ClusterctlError as exc:
             notes.append(f"the {name} scheduler could not be asked ({exc.message}); states come from the run directories alone")
-    return [_derive(run, h, answers, now) for run, h in loaded], notes
+    return [_derive(run, plan, h, answers, now) for run, plan, h in loaded], notes
