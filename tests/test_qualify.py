@@ -42,6 +42,7 @@ def test_the_whole_ladder_on_the_local_backend(tmp_path: Path, monkeypatch: pyte
     # The approved failure: the killed rank is the one blamed, and training came back.
     failure = rung["failure"]["measured"]
     assert failure["drill"]["culprit_right"] and failure["drill"]["code"] == ExitCode.SCRIPT_FAILED and failure["recovery_s"] > 0
+    assert failure["drill"]["seconds"] > 0  # how long the verdict took after the kill
     data = rung["data"]["measured"]
     assert data["unique"] and data["epoch_crossed"] and data["shuffled"] and data["input_wait_s"]["cold"] is not None
     assert rung["boundary"]["measured"]["crossing_groups"]["dp"]["cross_node"] == 1

@@ -387,7 +387,7 @@ def failure(c: Context) -> Rung:
     job = c.runner.run("failure", c.d.overrides(nodes, c.d.trainer(None, *_paced(c))) + [f"checkpoint.interval={interval}"], during=kill)
     rung.runs.append(str(job.run.path))
     report = job.during
-    rung.measured["drill"] = {k: report.get(k) for k in ("code", "detected", "culprit_right", "detect_s", "message", "exit", "error")
+    rung.measured["drill"] = {k: report.get(k) for k in ("code", "detected", "culprit_right", "seconds", "message", "exit", "error")
                               if k in report}
     if not job.completed:
         return _failed(rung, job)
