@@ -84,10 +84,11 @@ def test_the_timeline_writers_lines_match_the_reports_patterns(tmp_path: Path) -
     writer.write(timeline.GONE, 3.5, rank=3, node="node2", pid=77, at=3.25)
     writer.close()
     phase, step, gone = path.read_bytes().splitlines()
+    assert json.loads(phase)["format"] == timeline.FORMAT and "format" not in json.loads(step)  # the first record says it
     assert list(json.loads(phase)) == list(timeline.LAYOUT["phase"])  # step_s is no phase key
     assert report_timeline._PHASE.findall(phase) == [(b"3", b"forward", b"1.25")]
     assert report_timeline._STEP.findall(step) == [(b"3", b"7", b"0.5")]
-    assert list(json.loads(gone)) == list(timeline.LAYOUT["gone"])
+    assert list(json.loads(gone)) == list(timeline.LAYOUT["gone"])[:-1]
     no_at = json.dumps(timeline.record(timeline.PHASE, 1.5, rank=3, node="n", step=7, phase="idle")).encode()
     assert report_timeline._PHASE_NO_AT.findall(no_at) == [(b"1.5", b"3", b"idle")]
 
@@ -101,11 +102,13 @@ def test_the_metrics_writers_lines_match_the_reports_pattern(tmp_path: Path) -> 
     writer.write({k: record[k] for k in ("step", "loss", "step_s", "compute_s", "tokens_per_s")})
     writer.close()
     lines = path.read_bytes().splitlines()
-    assert list(json.loads(lines[0])) == [*(k for k in metrics.FIELDS if k in record), "mine"]
+    assert json.loads(lines[0])["format"] == metrics.FORMAT and "format" not in json.loads(lines[1])  # the first line says it
+    assert list(json.loads(lines[0])) == [*(k for k in metrics.FIELDS if k in record), "format", "mine"]
     assert load._METRIC.findall(lines[1]) == [(b"4", b"2.5", b"0.1", b"99.0", b"", b"")]
     assert not load._METRIC.findall(lines[0])  # a key it does not know: the reader takes json.loads for the file
     read = load.read_metrics(path, None)
     assert list(read.step) == [4, 4] and read.val_loss[0] == 2.4
+    assert [r["step"] for r in metrics.read_all(path)] == [4, 4] and metrics.MetricsFile(path).first()["step"] == 4
 
 
 def test_a_synthetic_run_is_laid_out_as_the_real_writers_lay_out_theirs(tmp_path: Path) -> None:
@@ -114,7 +117,7 @@ def test_a_synthetic_run_is_laid_out_as_the_real_writers_lay_out_theirs(tmp_path
         adir = RunDir(path).attempt(n)
         for raw in (adir / "timeline.jsonl").read_bytes().splitlines():
             rec = json.loads(raw)
-            assert list(rec) == list(timeline.LAYOUT[rec["kind"]])
+            assert list(rec) == [k for k in timeline.LAYOUT[rec["kind"]] if k != "format"]
         lines = (adir / "metrics.jsonl").read_bytes().splitlines()
         assert lines and all(list(json.loads(line)) == [k for k in metrics.FIELDS if k in json.loads(line)] for line in lines)
         assert len(load._METRIC.findall(b"\n".join(lines))) == len(lines)

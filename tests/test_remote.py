@@ -74,7 +74,7 @@ def test_a_remote_job_runs_the_shipped_code_and_is_followed_read_and_cancelled(s
     assert done.returncode == 0, done.stdout + done.stderr
     assert "submitted job " in done.stdout and " on 127.0.0.1: 2 ranks on 2 nodes" in done.stdout
     assert "excluding suspect node n1: hang in forward (code 82) in run earlier" in done.stdout
-    assert "completed: training finished" in done.stdout
+    assert "completed: the command finished (exit 0) without reporting a training step" in done.stdout  # a plain script
     (run,) = [p for p in laptop["root"].iterdir() if p.is_dir() and not p.name.startswith(".")]  # on the cluster's side
     assert (run / "code" / "tree" / "VERSION").read_text() == "uncommitted\n"
     assert "n1" not in json.loads((run / "attempt-1" / "attempt.json").read_text())["hosts"]
@@ -119,7 +119,7 @@ def test_through_a_jump_host_and_with_the_ssh_executable(laptop: dict[str, Any])
     one = spec(laptop, site="local", nodes=1, command=["python3", "train.py"])
     done = cli(laptop, "submit", str(one), "--wait", remote="viassh", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "using the ssh executable for viassh" in done.stderr and "completed: training finished" in done.stdout
+    assert "using the ssh executable for viassh" in done.stderr and "completed: the command finished (exit 0)" in done.stdout
     (run,) = [p for p in laptop["root"].iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert "shipped code uncommitted on node1" in (run / "attempt-1" / "logs" / "node-0.log").read_text()
 

@@ -61,7 +61,7 @@ def test_a_job_pending_on_drained_nodes_shows_slurms_reason_then_completes(slurm
     lines += rest.splitlines()
     assert proc.returncode == 0, "\n".join(lines)
     assert any(line.startswith("starting: ") for line in lines), lines
-    assert lines[-2] == "completed: training finished" and " completed in job " in lines[-1], lines
+    assert lines[-2] == "completed: the command finished (exit 0) without reporting a training step" and " completed in job " in lines[-1], lines
 
 
 def test_a_preflight_failure_reads_as_failed_naming_the_nic_and_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

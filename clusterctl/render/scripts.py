@@ -28,6 +28,7 @@ from clusterctl.plan import Plan
 from clusterctl.syntax.ports import FNV_OFFSET, FNV_PRIME
 from clusterctl.config.shipped import shipped_dir
 from clusterctl.syntax.units import format_slurm_time
+from clusterctl.rundir import attemptjson
 from clusterctl.rundir.runjson import (
     BatchRecord,
     CheckpointRecord,
@@ -197,7 +198,12 @@ def render_run(
         "attempts_file": rundir.ATTEMPTS,
         "attempt_prefix": rundir.ATTEMPT_PREFIX,
         "attempt_json": rundir.ATTEMPT_JSON,
+        "attempt_json_format": attemptjson.FORMAT,
+        "hosts_file": rundir.HOSTS,
+        "controller_json": rundir.CONTROLLER_JSON,
         "logs_dir": rundir.LOGS,
+        "node_log": rundir.NODE_LOG.format(slot="%n"),  # srun's %n: the node's index in the step (its slot)
+        "aggregator_log": rundir.AGGREGATOR_LOG.format(slot="%n"),
     }
     argv = launcher_argv(plan, python, standalone)
     wrapper_ctx = {

@@ -1,7 +1,9 @@
 """attempt-N/metrics.jsonl: rank 0's record of each training step — its definition, writer and readers.
 
 One JSON object per line, the step number rising, keys in FIELDS order (keys
-a writer adds of its own come after them; keys are only ever added):
+a writer adds of its own come after them; keys are only ever added). The
+first line of a file also carries `format`, the layout's version (files
+written before it have none).
 
     step          the step's number (0-based, the run's count: a resumed attempt goes on from its checkpoint)
     loss          the step's mean loss over the ranks
@@ -16,6 +18,7 @@ a writer adds of its own come after them; keys are only ever added):
     epoch         the data epoch
     val_loss      the validation loss, on steps that ran one
     target_reached  {step, seconds, val_loss} when validation first reached the target
+    format        the layout's version: on the file's first line only
 
 `status` reads only the first and last lines and finds a step's line by
 seeking (MetricsFile): long files cost nothing. Torn lines (a rank killed
@@ -32,9 +35,10 @@ from typing import Any
 
 FIELDS = (
     "step", "loss", "loss_hex", "step_s", "compute_s", "tokens_per_s", "t", "train_s", "total_steps",
-    "data_s", "epoch", "val_loss", "target_reached",
+    "data_s", "epoch", "val_loss", "target_reached", "format",
 )
-_VALUE = {"step": rb"-?\d+", "total_steps": rb"-?\d+", "epoch": rb"-?\d+", "loss_hex": rb'"[^"\n]*"',
+FORMAT = 2  # 1: files written before the first line said so (same records)
+_VALUE = {"step": rb"-?\d+", "total_steps": rb"-?\d+", "epoch": rb"-?\d+", "format": rb"\d+", "loss_hex": rb'"[^"\n]*"',
           "target_reached": rb"\{[^\n]*\}"}
 _NUMBER = rb"[-+0-9.eE]+"
 _CHUNK = 8192
@@ -49,12 +53,15 @@ def line(record: dict[str, Any]) -> str:
 
 
 class MetricsWriter:
-    """Appends one line per step and flushes it (a reader sees whole lines only)."""
+    """Appends one line per step and flushes it (a reader sees whole lines only); a new file's first line says its format."""
 
     def __init__(self, path: Path) -> None:
         self._fh = open(path, "a", encoding="utf-8")
+        self._first = self._fh.tell() == 0
 
     def write(self, record: dict[str, Any]) -> None:
+        if self._first:
+            record, self._first = {**record, "format": FORMAT}, False
         self._fh.write(line(record))
         self._fh.flush()
 

@@ -13,6 +13,9 @@ json.loads a line; a line in another order is still read, line by line.
     node_lost  t, kind, node                                       its aggregator vanished
     verdict    t, kind, code, message                              the watchdog's verdict
 
+The file's first record also carries `format`, this layout's version (files
+written before it have none).
+
 Phases are those of the heartbeat: start, forward, backward, optimizer,
 collective, save, eval, idle.
 """
@@ -31,14 +34,15 @@ GONE = "gone"
 GPU = "gpu"
 NODE_LOST = "node_lost"
 VERDICT = "verdict"
+FORMAT = 2  # 1: files written before the first line said so (same records)
 
 LAYOUT: dict[str, tuple[str, ...]] = {
-    PHASE: ("t", "kind", "rank", "node", "step", "phase", "at"),
-    STEP: ("t", "kind", "rank", "node", "step", "phase", "at", "step_s", "compute_s"),
-    GONE: ("t", "kind", "rank", "node", "pid", "at"),
-    GPU: ("t", "kind", "node", "gpus"),
-    NODE_LOST: ("t", "kind", "node"),
-    VERDICT: ("t", "kind", "code", "message"),
+    PHASE: ("t", "kind", "rank", "node", "step", "phase", "at", "format"),
+    STEP: ("t", "kind", "rank", "node", "step", "phase", "at", "step_s", "compute_s", "format"),
+    GONE: ("t", "kind", "rank", "node", "pid", "at", "format"),
+    GPU: ("t", "kind", "node", "gpus", "format"),
+    NODE_LOST: ("t", "kind", "node", "format"),
+    VERDICT: ("t", "kind", "code", "message", "format"),
 }
 # The shape of each value as json.dumps writes it, for the patterns.
 _VALUE = {
@@ -55,12 +59,18 @@ def record(kind: str, t: float, **fields: Any) -> dict[str, Any]:
 
 
 class TimelineWriter:
-    """Appends records to an attempt's timeline.jsonl (the watch server's thread is its only user)."""
+    """Appends records to an attempt's timeline.jsonl (the watch server's thread is its only user).
+
+    The first record of a new file says which layout its lines have (`format`).
+    """
 
     def __init__(self, path: Path) -> None:
         self._fh: TextIO = open(path, "a", encoding="utf-8")
+        self._first = self._fh.tell() == 0
 
     def write(self, kind: str, t: float, **fields: Any) -> None:
+        if self._first:
+            fields["format"], self._first = FORMAT, False
         self._fh.write(json.dumps(record(kind, t, **fields)) + "\n")
 
     def flush(self) -> None:

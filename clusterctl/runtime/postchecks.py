@@ -26,6 +26,7 @@ from typing import Any
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import RankLayout
+from clusterctl import rundir
 from clusterctl.rundir import write_json_atomic
 from clusterctl.runtime import registration
 from clusterctl.runtime.rankinfo import RankInfo
@@ -145,7 +146,7 @@ def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: flo
 
 
 def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str, Any]) -> dict[str, Any]:
-    hosts = (info.attempt_dir / "hosts").read_text().split()
+    hosts = rundir.read_hosts(info.attempt_dir)
     summary = []
     if "comm" in report:
         biggest = report["comm"]["world"][-1]

@@ -35,13 +35,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
-from clusterctl.rundir import rankmanifest
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir, read_json
-from clusterctl.rundir import history, timeline
+from clusterctl.rundir import RunDir, attemptjson, history, rankmanifest, timeline
 from clusterctl.rundir import verdict as verdictfile
+from clusterctl.rundir.attemptjson import AttemptJson
 
 ORIGIN_SCAN_LINES = 2000  # lines of each timeline read ahead to find the earliest timestamp
 BATCH = 4096  # events handed on (and encoded) together
@@ -194,15 +193,16 @@ class Trace:
             have = ", ".join(map(str, known)) if known else "none yet"
             raise ClusterctlError(f"run {run.path.name} has no attempt {attempt}; its attempts: {have}", ExitCode.USAGE)
         chosen = [a for a in told.attempts if attempt is None or a.number == attempt]
-        loaded: list[tuple[history.AttemptHistory, dict[str, Any], dict[str, Any]]] = []
+        loaded: list[tuple[history.AttemptHistory, AttemptJson, dict[str, Any]]] = []
         for found in chosen:
             directory = run.attempt(found.number)
-            loaded.append((found, read_json(directory / rundir.ATTEMPT_JSON) or {}, rankmanifest.read(directory / rundir.MANIFEST) or {}))
-        widest = max([len(info.get("hosts") or []) for _, info, _ in loaded] + [1])
+            info = attemptjson.read(directory) or AttemptJson()
+            loaded.append((found, info, rankmanifest.read(directory / rundir.MANIFEST) or {}))
+        widest = max([len(info.hosts) for _, info, _ in loaded] + [1])
         self.stride = max(MIN_STRIDE, 10 ** len(str(widest)))
         self.attempts: list[_Attempt] = []
         for index, (found, info, manifest) in enumerate(loaded):
-            listed = info.get("hosts") or manifest.get("hosts")
+            listed = list(info.hosts) or manifest.get("hosts")
             hosts = [str(h) for h in listed] if isinstance(listed, list) else []
             # events before the first attempt (a stop before any start) go with the first attempt shown
             mine = [*(told.preamble if attempt is None and index == 0 else []), *found.events]
@@ -211,12 +211,12 @@ class Trace:
             self.attempts.append(_Attempt(found.number, index * self.stride, hosts, _manifest_ranks(manifest), verdict, mine))
         self.origin = self._origin([info for _, info, _ in loaded])
 
-    def _origin(self, infos: list[dict[str, Any]]) -> float:
+    def _origin(self, infos: list[AttemptJson]) -> float:
         """The earliest timestamp known before streaming: events, attempt starts, rank starts, verdicts, each timeline's head."""
         seen: list[float | None] = []
         for att, info in zip(self.attempts, infos):
             seen += [_num(e.get("time")) for e in att.events]
-            seen += [_num(info.get("started")), _num((att.verdict or {}).get("time"))]
+            seen += [info.started, _num((att.verdict or {}).get("time"))]
             seen += [_num(_timings(record).get("started")) for record in att.ranks.values()]
             for record in islice(timeline.read(self.run.attempt(att.number) / rundir.TIMELINE), ORIGIN_SCAN_LINES):
                 seen += [_num(record.get("t")), _num(record.get("at"))]

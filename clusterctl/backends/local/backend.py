@@ -111,7 +111,7 @@ class LocalBackend(Backend):
         number = native_id(str(job_id))
         if number is None:
             raise ClusterctlError(
-                f"{job_id!r} is not a local job id (local jobs are {ID_PREFIX}N)", ExitCode.USAGE
+                f"{job_id!r} is not a local job id (local jobs are {jobid.LOCAL_PREFIX}N)", ExitCode.USAGE
             )
         try:
             cancel_job(self.root, number)
@@ -122,7 +122,7 @@ class LocalBackend(Backend):
         number = native_id(str(job_id))
         try:
             if number is None:
-                raise ControlError(f"{job_id!r} is not a local job id (local jobs are {ID_PREFIX}N)")
+                raise ControlError(f"{job_id!r} is not a local job id (local jobs are {jobid.LOCAL_PREFIX}N)")
             find(self.root, number)  # signal_job, as scancel does, says nothing about an unknown job
             signal_job(self.root, number, int(signal.Signals[f"SIG{sig}"]), batch=True)
         except (ControlError, KeyError) as exc:
