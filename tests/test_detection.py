@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.watchdog import Settings
+from clusterctl.rundir.runjson import WatchdogRecord as Settings
 from detection_harness import MiniJob
 
 FAST = Settings(hang_timeout=30, save_timeout=8, straggler_factor=1.25, window=10)

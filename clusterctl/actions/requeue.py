@@ -78,16 +78,6 @@ def write_files(run: RunDir, files: dict[str, str]) -> None:
         tmp.replace(run.path / name)
 
 
-def write_files(run: RunDir, files: dict[str, str]) -> None:
-    """Each file whole or not at all (written aside, then renamed over the old one)."""
-    for name, content in files.items():
-        tmp = run.path / f".{name}.requeue.tmp"
-        tmp.write_text(content, encoding="utf-8")
-        if name.endswith((".sh", ".sbatch")):
-            tmp.chmod(0o755)
-        tmp.replace(run.path / name)
-
-
 def requeue_run(
     run: RunDir,
     exclude: list[str],

@@ -56,7 +56,7 @@ from clusterctl.runtime.blame import parse_srun_lines, stopped_on_request
 from clusterctl.runtime.preflight import MARKER_PREFIX, write_shared_marker
 from clusterctl.runtime.response import Response
 from clusterctl.runtime.verdicts import VerdictKeeper
-from clusterctl.runtime.watchdog import Settings, Watchdog
+from clusterctl.runtime.watchdog import Watchdog
 from clusterctl.runtime.watchserver import WatchServer
 
 READY = rundir.CONTROLLER_JSON
@@ -214,7 +214,7 @@ class Controller:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(("", 0))
         sock.listen(listen_backlog())
-        watchdog = Watchdog(self.world, self.hosts, self.gpn, Settings.from_run(self.run))
+        watchdog = Watchdog(self.world, self.hosts, self.gpn, self.run.watchdog)
         server = WatchServer(sock, self.token, watchdog, self.attempt_dir / rundir.TIMELINE, self.on_finding, log)
         self.response = Response(self.attempt_dir, server, watchdog, self.keeper)
         server.start()

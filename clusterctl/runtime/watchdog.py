@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir.runjson import RunJson
+from clusterctl.rundir.runjson import WatchdogRecord
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.blame import Facts, TaskEnd, lost_node_verdict
 
@@ -47,19 +47,6 @@ PERSIST_STEPS = 5  # a straggler must stay one this many steps: noise flickers, 
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 PROGRESS_KINDS = ("phase", "step")
 WAITING_PHASES = ("collective",)
-
-
-@dataclass(frozen=True)
-class Settings:
-    hang_timeout: float = 120.0
-    save_timeout: float = 900.0
-    straggler_factor: float = 1.5
-    window: int = 20
-
-    @classmethod
-    def from_run(cls, run: RunJson) -> Settings:
-        wd = run.watchdog
-        return cls(float(wd.hang_timeout), float(wd.save_timeout), float(wd.straggler_factor), int(wd.window))
 
 
 @dataclass
@@ -83,7 +70,7 @@ class RankState:
 
 
 class Watchdog:
-    def __init__(self, world: int, hosts: list[str], gpus_per_node: int, settings: Settings) -> None:
+    def __init__(self, world: int, hosts: list[str], gpus_per_node: int, settings: WatchdogRecord) -> None:
         self.world = world
         self.hosts = hosts
         self.gpn = gpus_per_node
