@@ -52,7 +52,7 @@ for arg in "$@"; do
   case "$arg" in --jobs=*) ids=$(echo "${{arg#--jobs=}}" | tr ',' ' ');; esac
 done
 for id in $ids; do
-  if [ $((id % 2)) -eq 0 ]; then echo "$id|RUNNING|None|n[1-2]"; else echo "$id|PENDING|Dependency|"; fi
+  if [ $((id % 2)) -eq 0 ]; then echo "$id|$id|RUNNING|n[1-2]|0|0|n1|None"; else echo "$id|$id|PENDING||0|0||Dependency"; fi
 done
 """
 
@@ -126,6 +126,7 @@ def bench_status(runs: int, lines: int, quick: bool) -> dict[str, object]:
         (bindir / "squeue").write_text(SQUEUE.format(calls=calls))
         (bindir / "squeue").chmod(0o755)
         os.environ["PATH"] = f"{bindir}:{os.environ['PATH']}"
+        os.environ["CLUSTERCTL_SLURM_QUERY"] = "cli"  # the stand-in squeue answers, not a real slurmctld through pyslurm
         times, queries, states = [], [], []
         for _ in range(3):
             calls.write_text("")
