@@ -56,8 +56,8 @@ def spec(name: str, runs: Path, steps: int) -> dict[str, Any]:
 
 
 def submit(scratch: Path, name: str, steps: int) -> Path:
-    from clusterctl.plan.job import load_job
     from clusterctl.actions.submit import submit_job
+    from clusterctl.plan.job import load_job
 
     path = scratch / f"{name}.yaml"
     path.write_text(json.dumps(spec(name, scratch / "runs", steps)))

@@ -31,9 +31,9 @@ SIZES = {  # ranks: (tp, pp, dp) on 8-GPU DGX H100 nodes
 
 def one(ranks: int, repeat: int) -> dict[str, float]:
     """Time make_plan + rank map + the --json document for one size, in this process."""
-    from clusterctl.plan import make_plan
     from clusterctl.config.site import Partition, load_site
     from clusterctl.config.spec import JobSpec
+    from clusterctl.plan import make_plan
 
     tp, pp, dp = SIZES[ranks]
     site, _ = load_site("dgx-h100")

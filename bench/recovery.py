@@ -58,8 +58,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from clusterctl.rundir import rankmanifest
-from clusterctl.rundir import MANIFEST, read_json as load_json
+from clusterctl.rundir import MANIFEST, rankmanifest
+from clusterctl.rundir import read_json as load_json
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
@@ -233,8 +233,8 @@ class Jobs:
 
 
 def submit(jobs: Jobs, scratch: Path, name: str, site: str, backend: str, **extra: Any) -> Path:
-    from clusterctl.plan.job import load_job
     from clusterctl.actions.submit import submit_job
+    from clusterctl.plan.job import load_job
 
     path = scratch / f"{name}.yaml"
     path.write_text(json.dumps(spec(name, site, scratch / "runs", **extra)))
@@ -546,8 +546,8 @@ def lab_nodes() -> str:
 
 def job_settings(scratch: Path) -> dict[str, Any]:
     """run.json of the lab spec (a dry run: nothing submitted): the workload the submitit job repeats."""
-    from clusterctl.plan.job import load_job
     from clusterctl.actions.submit import submit_job
+    from clusterctl.plan.job import load_job
 
     path = scratch / "settings.yaml"
     path.write_text(json.dumps(spec("lab-settings", "slurm-lab", scratch / "dry-runs")))

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from status import write_runs  # noqa: E402  (bench/status.py: the same synthetic runs)
+
 from tests.sshlab.lab import HostEntry, ssh_lab, write_client_config  # noqa: E402
 from tests.sshlab.plugin import login_profile  # noqa: E402
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 
 def big_plan():  # noqa: ANN201
-    from clusterctl.plan import make_plan
     from clusterctl.config.site import Gpu, Partition, load_site
     from clusterctl.config.spec import JobSpec
+    from clusterctl.plan import make_plan
 
     site, _ = load_site("dgx-h100")
     # Fold the DGX CPU lists onto CPUs that exist here so taskset really binds.

@@ -123,11 +123,11 @@ def run_torchrun(n: int, work: Path, timeout: float = 600) -> dict[str, float]:
 
 def render_local_run(n: int, work: Path) -> Path:
     """The real run directory of an n-rank job on the local site (n/4 emulated nodes)."""
-    from clusterctl.syntax.cpulist import format_cpulist
-    from clusterctl.plan import make_plan
-    from clusterctl.render.scripts import render_run
     from clusterctl.config.site import Partition, load_site
     from clusterctl.config.spec import JobSpec
+    from clusterctl.plan import make_plan
+    from clusterctl.render.scripts import render_run
+    from clusterctl.syntax.cpulist import format_cpulist
 
     site, _ = load_site("local")
     gpn = 4 if n >= 4 else n
@@ -210,8 +210,7 @@ def run_clusterctl(n: int, work: Path) -> dict[str, float]:
     wait_all(procs)
     controller.terminate()
     controller.wait(30)
-    from clusterctl.rundir import rankmanifest
-    from clusterctl.rundir import MANIFEST
+    from clusterctl.rundir import MANIFEST, rankmanifest
 
     imported = {r["rank"]: r["timings"]["torch_imported"] for r in rankmanifest.iter_ranks(attempt / MANIFEST)}
     return collect(out, n, t0, imported)

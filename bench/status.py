@@ -39,8 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from clusterctl import rundir  # noqa: E402
 from clusterctl.backends import get_backend  # noqa: E402
-from clusterctl.rundir import RunDir  # noqa: E402
-from clusterctl.rundir import list_runs  # noqa: E402
+from clusterctl.rundir import (
+    RunDir,  # noqa: E402
+    list_runs,  # noqa: E402
+)
 from clusterctl.views.state import derive_many  # noqa: E402
 
 T0 = 1_800_000_000.0

@@ -26,10 +26,10 @@ from typing import Any
 
 from clusterctl import envnames, rundir
 from clusterctl.backends.local import BIN_DIR
+from clusterctl.rundir.runjson import WatchdogRecord as Settings
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.response import Response
 from clusterctl.runtime.verdicts import VerdictKeeper
-from clusterctl.rundir.runjson import WatchdogRecord as Settings
 from clusterctl.runtime.watchdog import Watchdog
 from clusterctl.runtime.watchserver import WatchServer
 from clusterctl.trainer.busy import calibrate

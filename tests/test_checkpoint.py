@@ -19,14 +19,15 @@ import pytest
 import torch
 
 from clusterctl.checkpoint import (
-    CheckpointError,
     Checkpointer,
+    CheckpointError,
     latest_committed,
     list_generations,
+    names,
     phases,
+    reshard,
     verify,
 )
-from clusterctl.checkpoint import names, reshard
 from clusterctl.testing.localworld import RankFailed, fork_ranks
 
 REPO = Path(__file__).resolve().parents[1]

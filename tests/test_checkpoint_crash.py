@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clusterctl.testing import crashdrill as drill
 from clusterctl.checkpoint import durable, latest_committed, list_generations, names, phases, protocol
+from clusterctl.testing import crashdrill as drill
 
 TRIALS = 60  # killed trials; runs whose kill point is not reached come on top
 

@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 import yaml
-
-from clusterctl.config.site import shipped_sites
 from helpers import (
     EXAMPLE_FILES,
     EXAMPLES,
@@ -27,6 +25,8 @@ from helpers import (
     write_spec,
     write_yaml,
 )
+
+from clusterctl.config.site import shipped_sites
 
 LLAMA = EXAMPLES / "llama-70b.yaml"
 QUICKSTART = EXAMPLES / "quickstart.yaml"

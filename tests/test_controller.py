@@ -19,8 +19,8 @@ import pytest
 
 torch_distributed = pytest.importorskip("torch.distributed")
 
-from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl.exitcodes import ExitCode  # noqa: E402
+from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl.runtime import registration, rendezvous  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 

@@ -24,9 +24,9 @@ import pytest
 
 torch_distributed = pytest.importorskip("torch.distributed")
 
-from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode  # noqa: E402
+from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl.runtime import collect, filelimit, registration, rendezvous  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 
@@ -173,8 +173,8 @@ def test_a_hard_limit_below_the_world_refuses_at_once_and_says_what_to_ask_for(t
 
 def test_the_manifest_reads_the_same_through_every_reader(judged_512: tuple[Path, dict, str]) -> None:
     from clusterctl.qualify.faultdrill import wait_for_attempt
-    from clusterctl.views.record import load
     from clusterctl.views.chrometrace import build_trace
+    from clusterctl.views.record import load
 
     attempt, _, out = judged_512
     path = attempt / rundir.MANIFEST

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from detection_harness import MiniJob
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
-from detection_harness import MiniJob
 
 FAST = Settings(hang_timeout=30, save_timeout=8, straggler_factor=1.25, window=10)
 

@@ -14,15 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import BACKEND_SITES
+from helpers import cli
 
+from clusterctl.actions.submit import Submitted, submit_job
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
-from clusterctl.actions.submit import Submitted, submit_job
 from clusterctl.rundir import history
-from helpers import cli
 
 
 def submit(backend: str, tmp_path: Path, name: str) -> Submitted:

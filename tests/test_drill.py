@@ -26,8 +26,8 @@ from clusterctl.cli import app
 from clusterctl.exitcodes import ExitCode
 from clusterctl.qualify import faultdrill
 from clusterctl.qualify.injector import Injector, InjectorFailed
-from clusterctl.runtime.inject import process_state
 from clusterctl.rundir import RunDir, write_json_atomic
+from clusterctl.runtime.inject import process_state
 from tests.helpers import RUNNER
 from tests.slurmlab.plugin import SlurmLab
 

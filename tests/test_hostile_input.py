@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import EXAMPLES, cli, expect_cli_config_error, snapshot, write_yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from helpers import EXAMPLES, cli, expect_cli_config_error, snapshot, write_yaml
 
 QUICKSTART = (EXAMPLES / "quickstart.yaml").read_text(encoding="utf-8")
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from clusterctl.plan import make_plan
-from clusterctl.plan.interval import young_daly
 from clusterctl.config.site import load_site
 from clusterctl.config.spec import JobSpec
+from clusterctl.plan import make_plan
+from clusterctl.plan.interval import young_daly
 
 
 def test_young_daly_formula() -> None:

@@ -26,18 +26,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import cli
 
 import clusterctl.actions.submit
-from clusterctl.backends.base import JobInfo
-from clusterctl.backends.local.backend import LocalBackend
-from clusterctl.backends.local import BIN_DIR
-from clusterctl.plan.binding import binding_table, rank_env
-from clusterctl.errors import ClusterctlError
-from clusterctl.plan.job import PlannedJob, load_job
-from clusterctl.rundir import RunDir
-from clusterctl.render.runfiles import create_run
 from clusterctl.actions.submit import submit_job
-from helpers import cli
+from clusterctl.backends.base import JobInfo
+from clusterctl.backends.local import BIN_DIR
+from clusterctl.backends.local.backend import LocalBackend
+from clusterctl.errors import ClusterctlError
+from clusterctl.plan.binding import binding_table, rank_env
+from clusterctl.plan.job import PlannedJob, load_job
+from clusterctl.render.runfiles import create_run
+from clusterctl.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from clusterctl.backends.base import JobInfo
-from clusterctl.backends.local.backend import LocalBackend
 from clusterctl.backends.local import BIN_DIR
+from clusterctl.backends.local.backend import LocalBackend
 from clusterctl.backends.local.batchopts import (
     OptionError,
     directives,
@@ -38,9 +38,9 @@ from clusterctl.backends.local.formats import counts_text, even_split, slurm_tim
 from clusterctl.backends.local.records import next_counter
 from clusterctl.backends.local.srunopts import SrunError, expand_counts, layout, parse, split_argv
 from clusterctl.backends.slurm.backend import parse_scontrol_job
-from clusterctl.syntax.hostlist import compress, expand
 from clusterctl.plan.job import load_job
 from clusterctl.render.scripts import render_run
+from clusterctl.syntax.hostlist import compress, expand
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_local_shims import state  # noqa: F401 - the emulated Slurm's private state directory, shims first on PATH
 
 from clusterctl.backends.local import BIN_DIR
-from clusterctl.backends.local.batchopts import OptionError, parse_request
 from clusterctl.backends.local.backend import LocalBackend
-from test_local_shims import state  # noqa: F401 - the emulated Slurm's private state directory, shims first on PATH
+from clusterctl.backends.local.batchopts import OptionError, parse_request
 
 # What a recovery step does before it calls sbatch or scontrol for the next attempt: drop the
 # job's own SLURM_*/SBATCH_* variables (the CLUSTERCTL_LOCAL_* ones stay).

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import cli
 
-from clusterctl.views import logs as runlogs
 from clusterctl.cli import logs_cmd
 from clusterctl.rundir import RunDir
-from helpers import cli
+from clusterctl.views import logs as runlogs
 
 T0 = 1796097000  # 2026-12-01T03:50:00Z
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from clusterctl.config.site import load_site
+from clusterctl.config.spec import JobSpec
 from clusterctl.plan import make_plan
 from clusterctl.plan.batch import bubble_fraction
 from clusterctl.plan.memory import count_params
-from clusterctl.config.site import load_site
-from clusterctl.config.spec import JobSpec
 
 GB = 1e9
 

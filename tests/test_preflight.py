@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.syntax.cpulist import format_cpulist
+from clusterctl.runtime.preflight import CheckResult, PreflightContext, failed, run_checks, write_shared_marker
 from clusterctl.runtime.preflight import common as preflight_common
 from clusterctl.runtime.preflight import memory as preflight_memory
 from clusterctl.runtime.preflight import nic as preflight_nic
 from clusterctl.runtime.preflight import sharedfs as preflight_sharedfs
-from clusterctl.runtime.preflight import CheckResult, PreflightContext, failed, run_checks, write_shared_marker
+from clusterctl.syntax.cpulist import format_cpulist
 
 HOST = "node07"
 
@@ -757,10 +757,10 @@ def test_errno_text_names_the_code() -> None:
 @pytest.mark.skipif(not os.path.exists("/sys/class/net/lo"), reason="no loopback in /sys")
 def test_lab_site_nics_pass_and_a_missing_nic_fails_with_81() -> None:
     """The slurm-lab site names the NIC its nodes have; a NIC no node has fails the job, naming NIC and host."""
-    from clusterctl.plan.binding import binding_table
-    from clusterctl.exitcodes import ExitCode
-    from clusterctl.runtime.admission import judge
     from clusterctl.config.site import load_site
+    from clusterctl.exitcodes import ExitCode
+    from clusterctl.plan.binding import binding_table
+    from clusterctl.runtime.admission import judge
 
     site, _ = load_site("slurm-lab")
     (node_type,) = site.node_types.values()

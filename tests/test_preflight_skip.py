@@ -8,15 +8,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import expect_cli_config_error, write_spec
 
-from clusterctl.runtime import launch
+from clusterctl.config.spec import DEFAULT_PREFLIGHT, load_spec
 from clusterctl.errors import ConfigError
 from clusterctl.plan.job import load_job
 from clusterctl.render.scripts import render_run
 from clusterctl.rundir.runjson import RunJson
+from clusterctl.runtime import launch
 from clusterctl.runtime import preflight as preflight_mod
-from clusterctl.config.spec import DEFAULT_PREFLIGHT, load_spec
-from helpers import expect_cli_config_error, write_spec
 
 LOCAL = ["nodes=2", "gpus_per_node=2", "parallel.tp=2"]
 

@@ -11,14 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import BACKEND_SITES
 
+from clusterctl.actions.submit import submit_job
 from clusterctl.backends import get_backend
 from clusterctl.checkpoint import latest_committed
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
-from clusterctl.actions.submit import submit_job
 from clusterctl.rundir import history
 
 

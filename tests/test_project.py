@@ -10,8 +10,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from clusterctl.exitcodes import DESCRIPTIONS, ExitCode
 from clusterctl.config.spec import json_schema
+from clusterctl.exitcodes import DESCRIPTIONS, ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import cli
 
 from clusterctl.exitcodes import ExitCode
-from helpers import cli
 
 TINY = {"batch": {"micro": 4, "grad_accum": 1}, "seq_len": 32, "precision": "fp32", "recompute": "none",
         "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64}, "signal": {"lead_s": 60}}

@@ -21,7 +21,8 @@ from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.runjson import RunJson
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.testing import runsynth
-from clusterctl.views.report import load, timeline as report_timeline
+from clusterctl.views.report import load
+from clusterctl.views.report import timeline as report_timeline
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "run-killed-rank.tar.gz"
 

@@ -17,18 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import BACKEND_SITES, cancel_slurm_jobs_under
+from helpers import cli
 
 from clusterctl import rundir
+from clusterctl.actions.runjobs import run_jobs
+from clusterctl.actions.submit import Submitted, submit_job
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
-from clusterctl.actions.runjobs import run_jobs
-from clusterctl.rundir import RunDir
-from clusterctl.actions.submit import Submitted, submit_job
-from clusterctl.rundir import history
-from helpers import cli
+from clusterctl.rundir import RunDir, history
 
 INTERVAL = 10  # checkpoint.interval, steps
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import history
 from clusterctl.rundir.history import Fault
 from clusterctl.runtime.recovery import Ended, Policy, Situation, decide, pick_hosts
-from clusterctl.rundir import history
 
 ALLOC = ("n1", "n2", "n3")  # two nodes needed, one spare
 

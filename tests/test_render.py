@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.errors import ConfigError
+from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.plan.job import load_job
-from clusterctl.syntax.ports import master_port
 from clusterctl.render.scripts import render_run
+from clusterctl.syntax.ports import master_port
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -132,9 +132,9 @@ def test_run_dir_with_spaces_is_rejected(tmp_path: Path) -> None:
 
 
 def test_run_json_stays_small_at_102400_ranks(tmp_path: Path) -> None:
-    from clusterctl.plan import make_plan
     from clusterctl.config.site import Partition, load_site
     from clusterctl.config.spec import load_spec
+    from clusterctl.plan import make_plan
 
     spec = load_spec(write_spec(tmp_path, "dgx-h100", parallel={"tp": 8, "pp": 16, "dp": 800}))
     site, _ = load_site("dgx-h100")

@@ -10,15 +10,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import cli
 
+from clusterctl.rundir import RunDir
+from clusterctl.testing.runsynth import STRAGGLER_FACTOR, write_synthetic_run
 from clusterctl.views.report import build_report, collect
 from clusterctl.views.report.load import read_metrics
 from clusterctl.views.report.plots import FILES
 from clusterctl.views.report.stats import WARMUP_STEPS
-from clusterctl.testing.runsynth import STRAGGLER_FACTOR, write_synthetic_run
 from clusterctl.views.report.timeline import CATEGORIES, read_timeline
-from clusterctl.rundir import RunDir
-from helpers import cli
 
 
 def png_size(path: Path) -> tuple[int, int]:

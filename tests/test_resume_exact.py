@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import free_port
-
 import pytest
+
+from tests.helpers import free_port
 
 STEPS, INTERVAL = 40, 4  # commits after steps 3, 7, 11, ...
 

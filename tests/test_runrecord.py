@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import cli
 
-from clusterctl.views import record as runrecord
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir
+from clusterctl.rundir import RunDir, history
 from clusterctl.runtime.rankinfo import recorded_env
-from clusterctl.rundir import history
-from helpers import cli
+from clusterctl.views import record as runrecord
 
 GROUPS = ("training", "data", "recovery", "environment")
 TREE = {"name": "lab", "topology": {"kind": "tree", "switches": [
@@ -159,8 +158,8 @@ def record_json(run: RunDir, *args: str) -> dict[str, Any]:
 def test_a_real_run_records_what_its_ranks_saw_and_its_requeue_what_it_resumed_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from clusterctl.plan.job import load_job
     from clusterctl.actions.submit import submit_job
+    from clusterctl.plan.job import load_job
 
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
     repo = tmp_path / "src"

@@ -17,11 +17,9 @@ from clusterctl import rundir
 from clusterctl.backends.base import Backend, JobInfo
 from clusterctl.cli import app
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import RunDir, history, list_runs
 from clusterctl.rundir.metrics import MetricsFile
-from clusterctl.rundir import RunDir
-from clusterctl.rundir import list_runs
 from clusterctl.views.state import derive, derive_many, wanted_job
-from clusterctl.rundir import history
 from tests.helpers import cli
 
 T0 = 1_800_000_000.0

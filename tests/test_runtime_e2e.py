@@ -13,16 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import BACKEND_SITES
 
-from clusterctl.rundir import rankmanifest
 from clusterctl import rundir
+from clusterctl.actions.submit import submit_job
 from clusterctl.backends import get_backend
+from clusterctl.config.spec import DEFAULT_PREFLIGHT
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
-from clusterctl.config.spec import DEFAULT_PREFLIGHT
-from clusterctl.actions.submit import submit_job
+from clusterctl.rundir import rankmanifest
 
 ROOT = Path(__file__).resolve().parent.parent
 FAULTS = ROOT / "tests" / "programs" / "faults"

@@ -11,12 +11,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
-from clusterctl.errors import OMIT
-from clusterctl.config.site import LINUX_EPHEMERAL, load_site, shipped_sites
 from helpers import (
     REPO,
     assert_names,
@@ -27,6 +21,12 @@ from helpers import (
     minimal_site,
     write_yaml,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterctl.config.site import LINUX_EPHEMERAL, load_site, shipped_sites
+from clusterctl.errors import OMIT
+from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
 # --- shipped sites -------------------------------------------------------------------
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
-
-from clusterctl.errors import ConfigError
-from clusterctl.config.site import load_site
-from clusterctl.siteimport.nvsmi import clean, parse_topo
 from helpers import REPO, cli, expect_cli_config_error
+
+from clusterctl.config.site import load_site
+from clusterctl.errors import ConfigError
+from clusterctl.siteimport.nvsmi import clean, parse_topo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "siteimport"
 

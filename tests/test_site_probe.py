@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from helpers import cli
 
 from clusterctl.config.site import load_site
-from helpers import cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "siteimport"
 H200 = FIXTURES / "h200-bond_weiziyang-blog.txt"

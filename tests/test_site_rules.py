@@ -7,15 +7,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import REPO, cli, expect_cli_config_error, minimal_site, write_yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 from clusterctl.config.site import load_site, rail_optimized, shipped_sites, site_warnings
 from clusterctl.siteimport.build import GpuFacts, NicFacts, NodeFacts, assign_nics, guess_kind
 from clusterctl.siteimport.checks import binding_problems, wrapper_arrays
 from clusterctl.siteimport.cpus import CpuSplitError, cores_of, disjoint_sets, sibling_offset, split_cpus
-from helpers import REPO, cli, expect_cli_config_error, minimal_site, write_yaml
+from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
 # --- the CPU split rule ----------------------------------------------------------------------
 

@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from clusterctl.backends.slurm import pyslurmprobe
 from clusterctl.backends.base import JobInfo
-from clusterctl.backends.slurm.cliquery import CliQuery, parse_squeue_line
-from clusterctl.backends.slurm.choose import QUERY_ENV, choose_query
-from clusterctl.backends.slurm.query import SchedulerQuery, node_reason, node_state, task_ranges, wait_status
+from clusterctl.backends.slurm import pyslurmprobe
 from clusterctl.backends.slurm.backend import SlurmBackend
+from clusterctl.backends.slurm.choose import QUERY_ENV, choose_query
+from clusterctl.backends.slurm.cliquery import CliQuery, parse_squeue_line
+from clusterctl.backends.slurm.query import SchedulerQuery, node_reason, node_state, task_ranges, wait_status
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 

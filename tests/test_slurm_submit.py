@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.actions.submit import submit_job
 from clusterctl.backends.slurm.backend import SlurmBackend
-from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.plan.job import load_job
-from clusterctl.rundir import RunDir
-from clusterctl.actions.submit import submit_job
-from clusterctl.rundir import history
+from clusterctl.rundir import RunDir, history
 
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-
-from clusterctl.rundir import rankmanifest
-from clusterctl import rundir
-from clusterctl.plan.job import load_job
-from clusterctl.config.spec import DEFAULT_PREFLIGHT
-from clusterctl.actions.submit import submit_job
 from test_slurm_submit import lab_spec
+
+from clusterctl import rundir
+from clusterctl.actions.submit import submit_job
+from clusterctl.config.spec import DEFAULT_PREFLIGHT
+from clusterctl.plan.job import load_job
+from clusterctl.rundir import rankmanifest
 from tests.slurmlab.plugin import SlurmLab, wait_job
 
 pytestmark = pytest.mark.slurm

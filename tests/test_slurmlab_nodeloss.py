@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_localslurm_recovery import TRAP_SCRIPT
+
 from tests.slurmlab.plugin import SlurmLab, wait_job
 
 pytestmark = pytest.mark.slurm

@@ -13,12 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
-
-from clusterctl.errors import MISSING, OMIT, ConfigError
-from clusterctl.plan.job import load_job
-from clusterctl.config.site import shipped_sites
-from clusterctl.config.spec import DEFAULT_PREFLIGHT, JobSpec, load_spec
 from helpers import (
     EXAMPLE_FILES,
     EXAMPLES,
@@ -31,6 +25,12 @@ from helpers import (
     write_spec,
     write_yaml,
 )
+from pydantic import ValidationError
+
+from clusterctl.config.site import shipped_sites
+from clusterctl.config.spec import DEFAULT_PREFLIGHT, JobSpec, load_spec
+from clusterctl.errors import MISSING, OMIT, ConfigError
+from clusterctl.plan.job import load_job
 
 # --- the examples ----------------------------------------------------------------
 

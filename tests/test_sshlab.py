@@ -25,8 +25,10 @@ from tests.sshlab.lab import (
     generate_key,
     popen_as_laptop,
     run_as_laptop,
-    ssh_lab as start_ssh_lab,
     write_client_config,
+)
+from tests.sshlab.lab import (
+    ssh_lab as start_ssh_lab,
 )
 
 

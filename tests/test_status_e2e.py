@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import cli
 
 from clusterctl.exitcodes import ExitCode
-from helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTERCTL = [sys.executable, "-m", "clusterctl.cli"] if (ROOT / "clusterctl" / "cli" / "__main__.py").exists() else [

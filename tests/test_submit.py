@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.actions.submit import submit_job
 from clusterctl.plan.job import load_job
 from clusterctl.render.scripts import render_run
 from clusterctl.rundir import RunDir
-from clusterctl.actions.submit import submit_job
 
 ROOT = Path(__file__).resolve().parent.parent
 

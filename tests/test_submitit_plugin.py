@@ -20,13 +20,12 @@ from typing import Any
 import cloudpickle
 import pytest
 import submitit
+from conftest import BACKEND_SITES
+from helpers import cli
 from submitit.core import plugins
 from submitit.core.utils import DelayedSubmission, FailedJobError, UncompletedJobError, pickle_load
 
-from conftest import BACKEND_SITES
-
 from clusterctl import rundir
-from clusterctl.views import state as runstate
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit import ClusterctlExecutor, ClusterctlJob, ClusterctlJobEnvironment
@@ -34,7 +33,7 @@ from clusterctl.integrations.submitit.executor import COMMAND, lead_for, submiti
 from clusterctl.integrations.submitit.paths import RunPaths
 from clusterctl.integrations.submitit.stop import decide
 from clusterctl.rundir import history
-from helpers import cli
+from clusterctl.views import state as runstate
 
 # The ranks import this module's functions by value: it is not importable there.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
-
-from clusterctl.rundir import suspects
-from clusterctl.config.site import load_site
-from clusterctl.rundir.suspects import FILE, Suspect
 from helpers import REPO, assert_names, cli, expect_cli_config_error, expect_config_error, write_yaml
 from test_submit import spec_file as submit_spec
+
+from clusterctl.config.site import load_site
+from clusterctl.rundir import suspects
+from clusterctl.rundir.suspects import FILE, Suspect
 
 HOUR = 3600.0
 

@@ -13,12 +13,11 @@ import threading
 import time
 from pathlib import Path
 
-from tests.helpers import free_port
-
 import pytest
 
 from clusterctl.runtime.heartbeat import Heartbeat
 from clusterctl.trainer.sampler import DistributedSampler
+from tests.helpers import free_port
 
 
 def run_ranks(work: Path, *args: str, world: int = 2, env_extra: dict[str, str] | None = None) -> list[str]:

@@ -12,8 +12,8 @@ import random
 import pytest
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.blame import Facts, blame_end, parse_srun_lines
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
+from clusterctl.runtime.blame import Facts, blame_end, parse_srun_lines
 from clusterctl.runtime.watchdog import HANG_FLOOR_S, HANG_MULTIPLE, Watchdog
 
 HOSTS = ["n1", "n2"]

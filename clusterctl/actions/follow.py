@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from clusterctl.backends import Backend
 from clusterctl.rundir import RunDir
-from clusterctl.views.statetext import status_line
 from clusterctl.views.state import COMPLETED, FINAL, RunState, derive_one
+from clusterctl.views.statetext import status_line
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from clusterctl.render.runfiles import create_run, runs_root
 from clusterctl.rundir import RunDir, suspects
 from clusterctl.rundir.suspects import Suspect
 
-
 # Pending reasons that no amount of waiting resolves: the job as asked cannot run here.
 HOPELESS_REASONS = frozenset(
     {

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterctl.checkpoint import durable, manifest as manifest_mod, names
+from clusterctl.checkpoint import durable, names
+from clusterctl.checkpoint import manifest as manifest_mod
 
 
 @dataclass(frozen=True)

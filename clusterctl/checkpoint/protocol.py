@@ -33,7 +33,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from clusterctl.checkpoint import durable, manifest as manifest_mod, names, phases, retention
+from clusterctl.checkpoint import durable, names, phases, retention
+from clusterctl.checkpoint import manifest as manifest_mod
 from clusterctl.checkpoint.checksums import ShardDigest
 from clusterctl.checkpoint.errors import CheckpointError
 from clusterctl.checkpoint.generations import Generation, committed_steps

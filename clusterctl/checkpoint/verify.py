@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clusterctl.checkpoint import manifest as manifest_mod, names
-from clusterctl.checkpoint.generations import Generation
+from clusterctl.checkpoint import manifest as manifest_mod
+from clusterctl.checkpoint import names
 from clusterctl.checkpoint.checksums import file_checksum
+from clusterctl.checkpoint.generations import Generation
 
 
 def verify(generation_or_path: Generation | str | Path) -> list[str]:

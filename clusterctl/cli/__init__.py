@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from clusterctl.cli.app import new_app
 from clusterctl.cli import (
+    cancel_cmd,
     checkpoints_cmd,
     drill_cmd,
     logs_cmd,
@@ -12,7 +12,6 @@ from clusterctl.cli import (
     record_cmd,
     render_cmd,
     report_cmd,
-    cancel_cmd,
     requeue_cmd,
     schema_cmd,
     site_cmd,
@@ -22,6 +21,7 @@ from clusterctl.cli import (
     trace_cmd,
     version_cmd,
 )
+from clusterctl.cli.app import new_app
 
 app = new_app("Compile a job spec into a topology-aware distributed PyTorch job on Slurm.")
 plan_cmd.register(app)

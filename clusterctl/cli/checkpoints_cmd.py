@@ -10,13 +10,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from clusterctl.rundir import runjson
 from clusterctl.cli.app import out_console
-from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.options import JsonOpt
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import runjson
 
 
 def checkpoint_dir(target: Path) -> Path:

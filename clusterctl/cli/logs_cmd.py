@@ -10,11 +10,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from clusterctl.views import logs as runlogs
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.rundir import RunDir
+from clusterctl.views import logs as runlogs
 
 RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
 JOB_CHECK_S = 2.0  # --follow asks the scheduler at most this often whether a job of the run is left

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import typer
-from clusterctl.cli.app import out_console
 
+from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt, SetOpt, SiteOpt, SpecArg
 from clusterctl.cli.plan_view import render_plan
 from clusterctl.plan.job import load_job

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from clusterctl.cli.app import out_console
 
+from clusterctl.cli.app import out_console
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
 from clusterctl.plan.job import load_job
 from clusterctl.render.runfiles import write_rendered

@@ -7,8 +7,7 @@ from pathlib import Path
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir
-from clusterctl.rundir import is_run, jobid
+from clusterctl.rundir import RunDir, is_run, jobid
 
 RUNS = "runs"  # the default runs root, relative to where clusterctl runs
 

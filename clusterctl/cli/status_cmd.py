@@ -19,9 +19,8 @@ from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target
 from clusterctl.cli.runarg import resolve_run, runs_root
 from clusterctl.cli.status_view import run_screen, runs_json, runs_table
-from clusterctl.rundir import RunDir
 from clusterctl.remote.client import connect
-from clusterctl.rundir import list_runs
+from clusterctl.rundir import RunDir, list_runs
 from clusterctl.views.state import DRY_RUN, GOING, RunState, derive_many
 
 RootOpt = Annotated[Optional[Path], typer.Option("--runs-root", help="where the runs are (default ./runs)", show_default=False)]

@@ -8,11 +8,11 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import jobid
 from clusterctl.syntax import hostlist
-from clusterctl.exitcodes import ExitCode
-from clusterctl.views.statetext import culprits, duration, progress
 from clusterctl.views.state import CANCELLED, COMPLETED, DRY_RUN, FAILED, PENDING, RESTARTING, TRAINING, Attempt, RunState
+from clusterctl.views.statetext import culprits, duration, progress
 
 STYLES = {COMPLETED: "green", FAILED: "bold red", CANCELLED: "yellow", TRAINING: "cyan", RESTARTING: "magenta", PENDING: "blue",
           DRY_RUN: "dim"}

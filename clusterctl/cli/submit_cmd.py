@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from clusterctl.syntax import hostlist
 from clusterctl import rundir
+from clusterctl.actions.follow import follow, local_state
+from clusterctl.actions.submit import local_suspects, submit_job
 from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
@@ -19,12 +20,11 @@ from clusterctl.cli.remote_opts import RemoteOpt, remote_target
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, plan_job, read_job
-from clusterctl.remote.submit import login_of, submit_remote
-from clusterctl.views.state import RunState
-from clusterctl.actions.submit import local_suspects, submit_job
 from clusterctl.plan.suspects import SuspectChoice
+from clusterctl.remote.submit import login_of, submit_remote
+from clusterctl.syntax import hostlist
 from clusterctl.syntax.units import format_duration
-from clusterctl.actions.follow import follow, local_state
+from clusterctl.views.state import RunState
 
 
 def _when(epoch: float) -> str:

@@ -10,12 +10,12 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from clusterctl.rundir import suspects
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
+from clusterctl.config.site import Reliability
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.config.site import Reliability
+from clusterctl.rundir import suspects
 from clusterctl.syntax.units import format_duration
 
 DEFAULT_RUNS_ROOT = "runs"  # as `drill` and `submit` use it when neither spec nor site names one

@@ -16,16 +16,16 @@ from typing import Annotated, Optional
 import typer
 
 from clusterctl import __version__, rundir
-from clusterctl.rundir import suspects
+from clusterctl.actions.submit import submit_rendered
 from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.suspects_cmd import rows as suspect_rows
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir
 from clusterctl.render.runfiles import expand_path
-from clusterctl.actions.submit import submit_rendered
+from clusterctl.rundir import RunDir, suspects
+
 
 def facts(expand: list[str], with_suspects: bool = False) -> dict[str, object]:
     """This installation: its version, run-directory format, interpreter, paths expanded here and (for a

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from clusterctl.errors import MISSING, OMIT, ConfigError, Problem
 from clusterctl.config.yamlload import FieldPath, Located, format_path
+from clusterctl.errors import MISSING, OMIT, ConfigError, Problem
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -16,14 +16,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from clusterctl.syntax import hostlist
-from clusterctl.syntax.cpulist import parse_cpulist
-from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.config.problems import validate_located
 from clusterctl.config.shipped import shipped_dir
 from clusterctl.config.spec import ENV_NAME, MODULE_NAME, EnvValue, NonNegativeInt, PlainPath, PositiveInt
-from clusterctl.syntax.units import parse_duration
 from clusterctl.config.yamlload import Located, load_yaml
+from clusterctl.errors import OMIT, ConfigError, Problem
+from clusterctl.syntax import hostlist
+from clusterctl.syntax.cpulist import parse_cpulist
+from clusterctl.syntax.units import parse_duration
 
 DEFAULT_SITE = "local"
 SITES_ENV = "CLUSTERCTL_SITES"

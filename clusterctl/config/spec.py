@@ -26,10 +26,10 @@ from pydantic import (
     model_validator,
 )
 
-from clusterctl.errors import ConfigError, Problem
 from clusterctl.config.problems import validate_located
-from clusterctl.syntax.units import format_duration, parse_count, parse_duration
 from clusterctl.config.yamlload import Located, load_yaml
+from clusterctl.errors import ConfigError, Problem
+from clusterctl.syntax.units import format_duration, parse_count, parse_duration
 
 # --- reusable field types ----------------------------------------------------
 

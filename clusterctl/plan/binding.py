@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from clusterctl import envnames
-from clusterctl.syntax.cpulist import parse_cpulist
-from clusterctl.plan.ranks import RankLayout
 from clusterctl.config.site import NodeType
+from clusterctl.plan.ranks import RankLayout
+from clusterctl.syntax.cpulist import parse_cpulist
 
 IB_KINDS = ("ib", "roce")
 VISIBILITY_VAR = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES", "emulated": "CUDA_VISIBLE_DEVICES"}

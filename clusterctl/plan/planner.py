@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from clusterctl.syntax import hostlist
+from clusterctl.config.site import NodeType, Site, known_nodes
+from clusterctl.config.spec import JobSpec
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
 from clusterctl.plan.interval import IntervalAdvice, advise
@@ -17,9 +18,8 @@ from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, e
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.suspects import SuspectChoice, choose_suspects, excluding
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
-from clusterctl.config.site import NodeType, Site, known_nodes
-from clusterctl.config.spec import JobSpec
 from clusterctl.rundir.suspects import Suspect
+from clusterctl.syntax import hostlist
 from clusterctl.syntax.units import format_duration, parse_duration
 
 

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterctl.plan.job import PlannedJob
 from clusterctl.config.spec import Qualify
+from clusterctl.plan.job import PlannedJob
 
 VERSION = 1
 

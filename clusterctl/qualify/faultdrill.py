@@ -29,7 +29,8 @@ from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.qualify.injector import Background, Injector, InjectorFailed, last_json
-from clusterctl.rundir import RunDir, attemptjson, history, jobid, rankmanifest, runjson, timeline, verdict as verdicts
+from clusterctl.rundir import RunDir, attemptjson, history, jobid, rankmanifest, runjson, timeline
+from clusterctl.rundir import verdict as verdicts
 from clusterctl.rundir.attemptjson import AttemptJson
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.response import DUMP_WAIT_S

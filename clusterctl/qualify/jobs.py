@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl import rundir
-from clusterctl.backends import get_backend
 from clusterctl.actions.follow import follow, local_state
+from clusterctl.actions.submit import load_for_submit, submit_job
+from clusterctl.backends import get_backend
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import PlannedJob
@@ -26,7 +27,6 @@ from clusterctl.qualify import faultdrill
 from clusterctl.rundir import RunDir
 from clusterctl.rundir import metrics as metricsfile
 from clusterctl.views.state import RunState
-from clusterctl.actions.submit import load_for_submit, submit_job
 
 
 @dataclass

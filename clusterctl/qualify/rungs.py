@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from clusterctl.rundir import rankmanifest, runjson
 from clusterctl import rundir
 from clusterctl.checkpoint import names
 from clusterctl.qualify.definition import Definition
 from clusterctl.qualify.jobs import JobRun, Runner, drill, past_step
+from clusterctl.rundir import rankmanifest, runjson
 
 
 @dataclass

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from clusterctl import rundir
+from clusterctl.actions.submit import default_backend
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job
+from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.remote.client import Remote, connect
 from clusterctl.render.runfiles import stage_run
-from clusterctl.actions.submit import default_backend
-from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.rundir.suspects import Suspect
 
 
@@ -75,7 +75,7 @@ def submit_remote(config: JobConfig, remote: str, command: str | None, transport
         assert link.facts is not None
         root = link.facts["expanded"].get(raw_root)
         if not root:
-            field = "runs_root" if job.spec.runs_root else "site runs_root"
+            field = "runs_root" if config.spec.runs_root else "site runs_root"
             raise ConfigError("job spec", [Problem(field, raw_root, f"a variable in it is not set on {link.host}; write the path out")])
         if code_on_cluster and link.transport.run(shlex.join(["test", "-d", code_on_cluster])).returncode != 0:
             raise ClusterctlError(f"--code-on-cluster {code_on_cluster}: no such directory on {link.host}", ExitCode.USAGE)

@@ -20,14 +20,11 @@ from typing import Any
 import jinja2
 
 from clusterctl import envnames, rundir
-from clusterctl.syntax import hostlist
-from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
+from clusterctl.config.shipped import shipped_dir
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan import Plan
-from clusterctl.syntax.ports import FNV_OFFSET, FNV_PRIME
-from clusterctl.config.shipped import shipped_dir
-from clusterctl.syntax.units import format_slurm_time
+from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
 from clusterctl.rundir import attemptjson
 from clusterctl.rundir.runjson import (
     BatchRecord,
@@ -41,6 +38,9 @@ from clusterctl.rundir.runjson import (
     SignalRecord,
     WatchdogRecord,
 )
+from clusterctl.syntax import hostlist
+from clusterctl.syntax.ports import FNV_OFFSET, FNV_PRIME
+from clusterctl.syntax.units import format_slurm_time
 
 SBATCH_TEMPLATE = "job.sbatch.j2"
 WRAPPER_TEMPLATE = "wrapper.sh.j2"

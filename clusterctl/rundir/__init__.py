@@ -13,5 +13,6 @@
     suspects     nodes recent verdicts blamed, kept in the runs root
 """
 
-from clusterctl.rundir.jsonio import read_json, write_json_atomic
+from clusterctl.rundir.jsonio import read_json as read_json
+from clusterctl.rundir.jsonio import write_json_atomic as write_json_atomic
 from clusterctl.rundir.layout import *  # noqa: F403 - the layout's names are the package's: rundir.VERDICT, rundir.RunDir

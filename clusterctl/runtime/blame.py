@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from clusterctl.syntax.cpulist import parse_cpulist
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.verdict import Verdict
+from clusterctl.syntax.cpulist import parse_cpulist
 
 # srun: error: n2: task 2: Killed | srun: error: n1: tasks 0-1: Exited with exit code 1
 _TASK_LINE = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<ranks>[0-9,\-]+): (?P<what>.+?)\s*$")

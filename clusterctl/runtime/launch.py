@@ -22,10 +22,10 @@ import traceback
 from typing import Any
 
 from clusterctl import envnames
-from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 from clusterctl.exitcodes import ExitCode
 from clusterctl.runtime import heartbeat, stacks
 from clusterctl.runtime.preflight import POST_RENDEZVOUS
+from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
 

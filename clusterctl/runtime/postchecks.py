@@ -24,9 +24,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import RankLayout
-from clusterctl import rundir
 from clusterctl.rundir import write_json_atomic
 from clusterctl.runtime import registration
 from clusterctl.runtime.rankinfo import RankInfo

@@ -34,12 +34,12 @@ from typing import Any
 
 import yaml
 
-from clusterctl.syntax import hostlist
-from clusterctl.syntax.cpulist import format_cpulist
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.siteimport.cpus import CpuSplitError, disjoint_sets
 from clusterctl.siteimport.nvsmi import LEVEL_RANK, Topo
 from clusterctl.siteimport.slurmconf import GresNodes, gres_nvlink_domain
+from clusterctl.syntax import hostlist
+from clusterctl.syntax.cpulist import format_cpulist
 
 NEAR = LEVEL_RANK["PHB"]
 

@@ -18,9 +18,9 @@ import shlex
 from pathlib import Path
 
 from clusterctl import envnames
-from clusterctl.plan.binding import IB_KINDS, binding_table, rank_env
-from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.config.site import NodeType, Site
+from clusterctl.errors import ClusterctlError, ConfigError, Problem
+from clusterctl.plan.binding import IB_KINDS, binding_table, rank_env
 
 RUN_DIR = Path("/clusterctl-site-check/run")
 _ARRAY = re.compile(r"^(GPU_[A-Z]+)=\((.*)\)\s*$", re.M)
@@ -49,9 +49,9 @@ def wrapper_arrays(wrapper: str) -> dict[str, list[str]]:
 
 def binding_problems(site: Site, site_path: Path | None) -> tuple[list[Problem], list[str]]:
     """Problems (errors) and warnings from rendering a one-node job per node type."""
+    from clusterctl.config.spec import JobSpec
     from clusterctl.plan import make_plan
     from clusterctl.render.scripts import render_run
-    from clusterctl.config.spec import JobSpec
 
     problems: list[Problem] = []
     warnings: list[str] = []

@@ -20,7 +20,6 @@ import copy
 from collections.abc import Callable
 from pathlib import Path
 
-from clusterctl.syntax import hostlist
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.siteimport.build import (
     Built,
@@ -34,6 +33,7 @@ from clusterctl.siteimport.build import (
 )
 from clusterctl.siteimport.nvsmi import parse_topo
 from clusterctl.siteimport.slurmconf import GresNodes, parse_gres_conf, parse_topology_conf
+from clusterctl.syntax import hostlist
 
 
 def read_input(path: Path, what: str) -> str:

@@ -32,8 +32,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from clusterctl.syntax.cpulist import parse_cpulist
 from clusterctl.errors import OMIT, ConfigError, Problem
+from clusterctl.syntax.cpulist import parse_cpulist
 
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 """GPU-to-NIC distances, closest first."""

@@ -30,11 +30,11 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from clusterctl.syntax.cpulist import parse_cpulist
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.siteimport.build import NicFacts, NodeFacts, facts_from_topo, guess_kind
 from clusterctl.siteimport.nvsmi import parse_topo
+from clusterctl.syntax.cpulist import parse_cpulist
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 QUERY = ["--query-gpu=index,name,memory.total,pci.bus_id", "--format=csv,noheader,nounits"]

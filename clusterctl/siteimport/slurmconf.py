@@ -27,9 +27,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.cpulist import parse_cpulist
-from clusterctl.errors import OMIT, ConfigError, Problem
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from clusterctl.testing import localworld
 from clusterctl.checkpoint import names, phases
 from clusterctl.checkpoint.generations import latest_committed, list_generations
 from clusterctl.checkpoint.verify import verify
+from clusterctl.testing import localworld
 
 BETWEEN = "between_phases"  # a timed kill that landed before any phase of its save
 _SIZES = (4096, 1000, 65536, 7, 20000, 131072)  # float32 elements per tensor

@@ -40,11 +40,11 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames, rundir
+from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import runjson
 from clusterctl.rundir.runjson import CheckpointRecord, RunJson
-from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime import registration
 from clusterctl.runtime import heartbeat as heartbeats
+from clusterctl.runtime import registration
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 

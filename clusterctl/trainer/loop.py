@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from clusterctl import envnames, rundir
 from clusterctl.rundir.metrics import MetricsWriter
-from clusterctl.trainer import busy
 from clusterctl.runtime.computeclock import compute_clock
+from clusterctl.trainer import busy
 from clusterctl.trainer.contract import Contract
 from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression, TokenShards
 from clusterctl.trainer.models import MLP, TinyGPT

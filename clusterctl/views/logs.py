@@ -37,13 +37,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir
-from clusterctl.rundir import attemptjson, history, jobid, runjson
+from clusterctl.rundir import RunDir, attemptjson, history, jobid, runjson
 from clusterctl.rundir import verdict as verdictfile
 
 BATCH = "batch"  # the source name of batch log lines

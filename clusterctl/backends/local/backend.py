@@ -29,8 +29,8 @@ from clusterctl.backends.local import STATE_ENV
 from clusterctl.backends.local.control import ControlError, cancel_job, find, signal_job
 from clusterctl.backends.local.records import JobRecord, SubmitError, state_root, submit
 from clusterctl.errors import ClusterctlError
-from clusterctl.rundir import jobid
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import jobid
 from clusterctl.syntax.hostlist import compress
 
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clusterctl.backends.base import Backend, JobInfo, Submission
-from clusterctl.backends.slurm.cliquery import parse_scontrol_job
 from clusterctl.backends.slurm.choose import choose_query
-from clusterctl.backends.slurm.query import SchedulerQuery
+from clusterctl.backends.slurm.cliquery import parse_scontrol_job
 from clusterctl.backends.slurm.commands import UNREACHABLE, failure_code, run, slurm_reason
+from clusterctl.backends.slurm.query import SchedulerQuery
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 

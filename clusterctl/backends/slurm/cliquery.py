@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from clusterctl.backends.base import JobInfo
-from clusterctl.backends.slurm.query import NodeInfo, SchedulerQuery, node_reason, node_state, signal_number, text, wait_status
 from clusterctl.backends.slurm.commands import failure_code, run, slurm_reason
+from clusterctl.backends.slurm.query import NodeInfo, SchedulerQuery, node_reason, node_state, signal_number, text, wait_status
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 from importlib import metadata

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import astuple
 from typing import Any
 
-from clusterctl.backends.slurm import pyslurmprobe
 from clusterctl.backends.base import JobInfo
+from clusterctl.backends.slurm import pyslurmprobe
+from clusterctl.backends.slurm.commands import UNREACHABLE
 from clusterctl.backends.slurm.query import (
     NodeInfo,
     SchedulerQuery,
@@ -25,7 +26,6 @@ from clusterctl.backends.slurm.query import (
     task_ranges,
     text,
 )
-from clusterctl.backends.slurm.commands import UNREACHABLE
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 

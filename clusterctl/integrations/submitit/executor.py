@@ -211,8 +211,8 @@ class ClusterctlJob(core.Job[R]):
 
         A run that has ended is left as it is (a cancel would mark a completed run cancelled).
         """
-        from clusterctl.rundir import RunDir
         from clusterctl.actions.cancel import cancel_run
+        from clusterctl.rundir import RunDir
 
         if self.done(force_check=True):
             return
@@ -360,8 +360,8 @@ class ClusterctlExecutor(core.PicklingExecutor):
         return plan_job(config, local_suspects(config))  # planned once, as `clusterctl submit` plans
 
     def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]) -> list[core.Job[tp.Any]]:
-        from clusterctl.backends import get_backend
         from clusterctl.actions.submit import default_backend
+        from clusterctl.backends import get_backend
 
         job = self.load_job()  # a refused spec submits nothing
         backend = get_backend(self.backend or default_backend(job))

@@ -18,6 +18,7 @@ from submitit.core.utils import JobPaths
 from clusterctl import rundir
 from clusterctl.rundir import RunDir, runjson
 
+
 class RunPaths(JobPaths):
     """submitit's JobPaths for one rank (`task_id`) of a clusterctl run."""
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import RunDir
 from clusterctl.views.report import runinfo
 from clusterctl.views.report.load import RunData, load_run
 from clusterctl.views.report.stats import WARMUP_STEPS, Figures, figures, headline
-from clusterctl.rundir import RunDir
 
 __all__ = ["WARMUP_STEPS", "Report", "build_report", "collect", "write"]
 

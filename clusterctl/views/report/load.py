@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 
 from clusterctl import rundir
-from clusterctl.views.report.timeline import Timeline, read_timeline
-from clusterctl.rundir import RunDir
-from clusterctl.rundir import attemptjson, history, runjson
+from clusterctl.rundir import RunDir, attemptjson, history, runjson
 from clusterctl.rundir import metrics as metricsfile
 from clusterctl.rundir import verdict as verdictfile
+from clusterctl.views.report.timeline import Timeline, read_timeline
 
 # The metrics writer's layout (rundir/metrics.py), read by a pattern built from its definition.
 _METRIC = metricsfile.pattern(
