@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.exitcodes import meaning
-from clusterctl.rundir import jobid, layout
+from clusterctl.rundir import attemptjson, jobid, layout, runjson
 from clusterctl.rundir.jsonio import read_json
 
 EVENT_START = "start"
@@ -333,14 +333,15 @@ def read(run: layout.RunDir, standalone: bool | None = None) -> History:
     attempt too: it is listed with what its attempt.json says.
     """
     if standalone is None:
-        standalone = (read_json(run.run_json) or {}).get("mode") == "standalone"
+        plan = runjson.read(run.path)
+        standalone = plan is not None and plan.standalone
     h = fold(read_events(run.events_file), read_json(run.path / layout.STATE), read_json(run.path / layout.CANCEL),
              standalone)
     known = {a.number for a in h.attempts}
     extra = [n for n in run.attempts() if n not in known]
     for n in extra:
-        info = read_json(run.attempt(n) / layout.ATTEMPT_JSON) or {}
-        h.attempts.append(AttemptHistory(n, jobid.native(info.get("job_id")), _num(info.get("started"))))
+        info = attemptjson.read(run.attempt(n)) or attemptjson.AttemptJson()
+        h.attempts.append(AttemptHistory(n, jobid.native(info.job_id), info.started))
     if extra:
         h.attempts.sort(key=lambda a: a.number)
     return h
