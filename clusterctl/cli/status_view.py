@@ -61,16 +61,13 @@ def short_meaning(a: Attempt) -> str:
 def goodput_line(st: RunState) -> str:
     """Where the allocated GPU time went: useful steps (goodput), start-up, lost work, the rest."""
     total = st.allocated_gpu_hours or 0.0
-    if st.goodput is None:
-        head = "goodput unknown (no training step reported)"
-    else:
-        head = f"goodput {st.goodput:.1%}"
+    head = (f"goodput {st.goodput:.1%} of {total:.3f} GPU-hours" if st.goodput is not None
+            else f"goodput unknown (no training step reported); {total:.3f} GPU-hours")
 
     def share(hours: float | None) -> str:
         return f"{(hours or 0.0) / total:.1%}" if total else "-"
 
-    return (f"{head} of {total:.3f} GPU-hours: start-up {share(st.startup_gpu_hours)}, lost {share(st.lost_gpu_hours)},"
-            f" other {share(st.other_gpu_hours)}")
+    return f"{head}: start-up {share(st.startup_gpu_hours)}, lost {share(st.lost_gpu_hours)}, other {share(st.other_gpu_hours)}"
 
 
 NEXT_WORDS = {"allocation": "restart", "continuation": "job", "requeue": "requeue", "slurm": "requeue", "stop": "stop"}
