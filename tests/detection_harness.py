@@ -69,7 +69,11 @@ class BarrierServer:
             self.conns[rank], readers[rank] = conn, reader
         while True:
             for rank in range(self.world):
-                if not readers[rank].readline():
+                try:
+                    line = readers[rank].readline()
+                except OSError:  # a killed rank's connection resets: the same as closing it
+                    line = b""
+                if not line:
                     for conn in self.conns.values():  # a peer is gone: every other rank sees it
                         conn.close()
                     return
