@@ -108,7 +108,7 @@ def test_each_rank_gets_what_the_plan_says(lab_env, tmp_path: Path) -> None:  # 
             assert line.endswith(f"rank {rank} reporting from {attempt['hosts'][slot]}")
     events = [json.loads(line) for line in (run.path / "attempts.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["start", "end", "next"] and events[1]["exit"] == 0
-    assert events[-1]["how"] == "stop" and events[-1]["reason"] == "every rank finished (exit 0)"
+    assert events[-1]["how"] == "stop" and events[-1]["reason"] == "every rank finished"
     assert run.read_state()["state"] == "submitted" and run.read_state()["job_id"] == done.job_id
 
 

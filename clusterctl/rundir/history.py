@@ -270,7 +270,7 @@ def fold(
             h.position, h.exit_code = (STOPPED if standalone else ENDED), a.exit_code
             h.reason = a.end_reason
             if standalone and not h.reason:
-                h.reason = "every rank finished (exit 0)" if a.exit_code == 0 else f"exit {a.exit_code}: {meaning(a.exit_code)}"
+                h.reason = "every rank finished" if a.exit_code == 0 else f"exit {a.exit_code}: {meaning(a.exit_code)}"
         elif kind == EVENT_SIGNAL:
             name = str(e.get("signal") or "")
             h.signal = name

@@ -132,7 +132,7 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
         who = f"by {s.cancel_by}" if s.cancel_by else "the job was cancelled (scancel)"
         return Decision("stop", code, code, f"stopped: {who}", exclude=exclude, cancelled_by=s.cancel_by or SCANCEL)
     if code == ExitCode.OK:
-        return Decision("stop", 0, 0, "every rank finished (exit 0)", exclude=exclude)
+        return Decision("stop", 0, 0, "every rank finished", exclude=exclude)
     if s.slurm_end == "requeued":
         return Decision("slurm", 0, code, "Slurm requeued the job: its next start continues the run", exclude=exclude)
     if code == ExitCode.DO_NOT_REQUEUE:

@@ -121,7 +121,7 @@ def write_synthetic_run(
         final = k == len(ranges)
         end = int(end_t) + 2
         if final:
-            code, how, reason = 0, "stop", "every rank finished (exit 0)"
+            code, how, reason = 0, "stop", "every rank finished"
             verdict = Verdict(True, 0, f"all {ranks} ranks registered and checked", time=end)
         elif k == 1:
             culprit = straggler if straggler is not None else min(1, ranks - 1)
