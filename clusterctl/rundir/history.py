@@ -178,14 +178,6 @@ class History:
     def dry_run(self) -> bool:
         return self.submission in ("dry-run", "rendered") and not self.attempts and not self.jobs
 
-    @property
-    def never_ran(self) -> str | None:
-        """Why the run never had a job: it was only rendered, a dry run, or its submission failed; None when it ran."""
-        if self.attempts or self.jobs:
-            return None
-        return {"rendered": "it was never submitted", "dry-run": "it was a dry run",
-                "failed": "its submission failed"}.get(self.submission)
-
     def avoided(self, spec_exclude: tuple[str, ...] | list[str] = ()) -> list[str]:
         """Every node the run avoids now: the spec's, then all that later decisions added."""
         return list(dict.fromkeys([*spec_exclude, *self.exclude]))
