@@ -87,7 +87,7 @@ class Controller:
         return RankInfo.from_env(env)
 
     def stop(self) -> tuple[int, str]:
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(signal.SIGHUP)  # the batch script: the ranks are done
         out, _ = self.proc.communicate(timeout=30)
         return self.proc.returncode, out
 
@@ -233,8 +233,8 @@ def test_a_taken_port_moves_the_store_to_the_next_free_one() -> None:
         busy.close()
 
 
-def test_a_stop_signal_during_the_rendezvous_ends_it_at_once(tmp_path: Path) -> None:
-    """scancel while ranks are still arriving: the controller judges now, not at its deadline."""
+def test_srun_ending_during_the_rendezvous_judges_at_once_and_blames_who_never_came(tmp_path: Path) -> None:
+    """srun ended while ranks were still arriving (the batch script's SIGHUP): judged now, not at its deadline."""
     ctl = Controller(make_run(tmp_path, timeout_s=120))
     store = rendezvous.connect(ctl.info(0), 20)
     rendezvous.register(store, 0, rank_record(0))
@@ -243,6 +243,25 @@ def test_a_stop_signal_during_the_rendezvous_ends_it_at_once(tmp_path: Path) -> 
     assert time.monotonic() - started < 15, out
     assert code == ExitCode.RENDEZVOUS_FAILED
     assert "3 of 4 ranks never arrived: rank 1 on n1; ranks 2-3 on n2" in out, out
+    assert [c["host"] for c in json.loads((ctl.attempt / "verdict.json").read_text())["culprits"]] == ["n1", "n2", "n2"]
+
+
+def test_a_cancel_during_the_rendezvous_blames_no_node(tmp_path: Path) -> None:
+    """scancel or clusterctl cancel (SIGTERM to every process of the job): the ranks it stops are not at fault."""
+    ctl = Controller(make_run(tmp_path, timeout_s=120))
+    store = rendezvous.connect(ctl.info(0), 20)
+    rendezvous.register(store, 0, rank_record(0))
+    told: dict = {}
+    waiting = threading.Thread(target=lambda: told.update(rendezvous.await_verdict(store, 30, 4)))
+    waiting.start()
+    time.sleep(0.5)
+    ctl.proc.send_signal(signal.SIGTERM)
+    out, _ = ctl.proc.communicate(timeout=30)
+    waiting.join(30)
+    verdict = json.loads((ctl.attempt / "verdict.json").read_text())
+    assert verdict["culprits"] == [] and not verdict["ok"], verdict
+    assert "stopped from outside" in verdict["message"] and "1 of 4 ranks had arrived" in verdict["message"], out
+    assert told["culprits"] == [] and not told["ok"], told  # a waiting rank is released, and told why
 
 
 def test_an_attempts_marker_lives_as_long_as_its_controller_and_stale_ones_go(tmp_path: Path) -> None:

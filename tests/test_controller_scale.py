@@ -76,7 +76,7 @@ def start_controller(attempt: Path, nofile: tuple[int, int]) -> tuple[subprocess
 
 
 def stop(proc: subprocess.Popen) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGHUP)  # the batch script: the ranks are done
     out, _ = proc.communicate(timeout=30)
     return proc.returncode, out
 

@@ -27,6 +27,7 @@ from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
 from clusterctl.rundir import RunDir, history
+from clusterctl.rundir import verdict as verdictfile
 
 INTERVAL = 10  # checkpoint.interval, steps
 
@@ -217,6 +218,8 @@ def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Pat
     # The attempt the cancel stopped reads as cancelled, whatever code its ranks saved and exited with (85).
     (attempt,) = st["attempts"]
     assert (attempt["cancelled_by"], attempt["meaning"]) == ("scancel", "cancelled by scancel"), st
+    given = verdictfile.read(run.attempt(1))  # the ranks the cancel stopped are not at fault: no node to exclude
+    assert given is not None and given.culprits == [], story(run)
 
 
 def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, tmp_path: Path) -> None:

@@ -5,8 +5,12 @@ free one if taken, and publishing the one it got before any rank starts),
 waits for every rank's registration, judges them (registration.judge), writes
 attempt-N/manifest.json and verdict.json, and tells the ranks the verdict
 through the store. It then keeps hosting the store — the ranks' process
-group uses it — until the batch script says the ranks are done (SIGTERM),
-and exits with the attempt's verdict code.
+group uses it — until the batch script says the ranks are done (SIGHUP),
+and exits with the attempt's verdict code. SIGTERM (or SIGINT) comes from
+outside instead: scancel, `clusterctl cancel`, the time limit stop every
+process of the job at once, so the ranks that die then are not to blame:
+the rendezvous ends with a verdict that names no culprit, and no blame
+follows (runtime/verdicts.py).
 
 With the shared_fs check it writes the attempt's marker in the checkpoint
 directory before any rank starts, and removes it when it exits (the ranks
@@ -162,6 +166,7 @@ class Controller:
         self.done = threading.Event()
         self.store = None
         self.stop_requested = False
+        self.stopped_from_outside = False
         self.marker: str | None = None
         self.records: dict[int, dict] = {}  # rank -> the judged summary of its registration
         self.watch: WatchServer | None = None
@@ -260,13 +265,11 @@ class Controller:
     # --- rendezvous --------------------------------------------------------------
     def wait_for_ranks(self) -> int:
         deadline = time.monotonic() + self.timeout_s
-        arrived = 0
         while not self.done.is_set() and time.monotonic() < deadline:
-            arrived = self.store.add(registration.ARRIVED, 0)
-            if arrived >= self.world:
+            if self.store.add(registration.ARRIVED, 0) >= self.world:
                 break
             time.sleep(POLL_S)
-        return arrived
+        return self.store.add(registration.ARRIVED, 0)
 
     def _listed(self, key: str) -> list[str]:
         return registration.parse_list(self.store.get(key)) if self.store.check([key]) else []
@@ -321,6 +324,8 @@ class Controller:
             self.store.set(registration.VERDICT, json.dumps(self.refused.as_dict()))
             return self.refused
         arrived = self.wait_for_ranks()
+        if self.stopped_from_outside and arrived < self.world:
+            return self.give_up_rendezvous(arrived)
         started, cpu = time.perf_counter(), time.process_time()
         gc.disable()  # ~100,000 small dicts: the collector's passes were half the decoding time
         try:
@@ -363,6 +368,22 @@ class Controller:
         }
         log(f"rendezvous timings {json.dumps(timings)}")
         return verdict
+
+    def give_up_rendezvous(self, arrived: int) -> Verdict:
+        """Stopped from outside before every rank arrived: the ranks are released and no node is blamed."""
+        verdict = Verdict(
+            False, int(ExitCode.RENDEZVOUS_FAILED),
+            f"the job was stopped from outside (scancel, clusterctl cancel or the time limit) before the rendezvous"
+            f" completed: {arrived} of {self.world} ranks had arrived; no node is blamed",
+        )
+        self.store.set(registration.VERDICT, json.dumps(verdict.as_dict()))
+        return self.keeper.give(verdict)
+
+    def stop_from_outside(self) -> None:
+        """SIGTERM or SIGINT: the job is being stopped; end the attempt without blaming the ranks the stop kills."""
+        self.stopped_from_outside = True
+        self.keeper.stopped_from_outside()
+        self.done.set()
 
     def write_manifest(self, records: dict[int, dict]) -> None:
         """manifest.json, one rank per line (clusterctl/rundir/rankmanifest.py): each judged rank's stored record plus its groups.
@@ -440,6 +461,9 @@ class Controller:
         if self.stop_requested and self._stopped_on_request():
             log("the ranks saved, committed and stopped on request (85); any that srun stopped on their way out are not failures")
             return int(ExitCode.PRE_TIMEOUT)
+        if self.stopped_from_outside:
+            log("the job was stopped from outside: the ranks it stopped are not blamed")
+            return 0
         final = self.end_verdict()
         return 0 if final is None else self.keeper.give(final).code
 
@@ -474,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     controller = Controller(args.attempt_dir, args.port)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: controller.done.set())
+        signal.signal(sig, lambda *_: controller.stop_from_outside())
+    signal.signal(signal.SIGHUP, lambda *_: controller.done.set())  # the batch script: srun ended, the ranks are done
     signal.signal(signal.SIGUSR2, lambda *_: controller.request_stop())
     try:
         try:

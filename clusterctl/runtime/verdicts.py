@@ -8,6 +8,11 @@ one (a victim's reaction, the end's blame of what the watchdog already
 called) never replaces it; only evidence gathered for it (a hang's stacks) is
 added. Thread-safe: the watch thread and the controller's main thread both
 give findings.
+
+Once the job is stopped from outside (scancel, `clusterctl cancel`, the time
+limit: SIGTERM to every process of the job), the ranks die because of the
+stop, not because of a node: a finding given after that which blames ranks
+is logged, never recorded, so no node is excluded or suspected for it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class VerdictKeeper:
         self.log = log
         self._lock = threading.Lock()
         self._current: Verdict | None = None
+        self._stopped_from_outside = False
 
     @property
     def current(self) -> Verdict | None:
@@ -39,11 +45,19 @@ class VerdictKeeper:
         with self._lock:
             return self._current if self._current is not None and not self._current.ok else None
 
+    def stopped_from_outside(self) -> None:
+        """The job is being stopped from outside: from now on no finding blames a rank."""
+        with self._lock:
+            self._stopped_from_outside = True
+
     def give(self, finding: Verdict) -> Verdict:
         """Record a finding; the attempt's verdict afterwards (the first failure stays)."""
         with self._lock:
             if self._current is not None and not self._current.ok:
                 return self._current
+            if self._stopped_from_outside and finding.culprits:
+                self.log(f"not recorded, the job was being stopped from outside: {finding.message}")
+                return finding
             self._current = finding
             verdictfile.write(self.attempt_dir, finding)
         self.log(finding.message)
