@@ -1,10 +1,12 @@
-"""A killed and a hung torch rank, end to end: `clusterctl submit`, then `clusterctl drill` from outside.
+"""A killed, a hung and a slow torch rank, end to end: `clusterctl submit`, then `clusterctl drill` from outside.
 
-The reference trainer on 2 nodes x 2 ranks (gloo), on the local backend and
-on the real Slurm test cluster. The drill injects the fault with real
-signals (through `srun --overlap` on Slurm); the test asserts what a user
-checks: the drill's report, verdict.json's culprit and victims, the
-survivors' stacks after a hang, and the attempt's exit code.
+On 2 nodes x 2 ranks (gloo), on the local backend and on the real Slurm test
+cluster: the reference trainer, and a user's plain DDP script that imports
+nothing of clusterctl (examples/own-script/train_ddp.py, run as shipped),
+whose steps clusterctl learns from torch's own hooks. The drill injects the
+fault with real signals (through `srun --overlap` on Slurm); the test
+asserts what a user checks: the drill's report, verdict.json's culprit and
+victims, the survivors' stacks after a hang, and the attempt's exit code.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from clusterctl.plan.job import load_job
 from clusterctl.rundir import history
 
 
-def submit(backend: str, tmp_path: Path, name: str) -> Submitted:
+PLAIN_DDP = Path(__file__).resolve().parents[1] / "examples" / "own-script" / "train_ddp.py"
+TRAINER = ["python3", "-m", "clusterctl.trainer", "--steps", "100000", "--eval-interval", "0", "--step-compute-s", "0.1"]
+
+
+def submit(backend: str, tmp_path: Path, name: str, script: str = "plain") -> Submitted:
+    command = {"command": TRAINER} if script == "trainer" else {
+        "command": ["python3", str(PLAIN_DDP)], "env": {"STEPS": "100000", "BUSY_S": "0.1"},
+    }
     spec = {
         "name": name,
         "site": BACKEND_SITES[backend],
@@ -36,8 +45,7 @@ def submit(backend: str, tmp_path: Path, name: str) -> Submitted:
         "restart": {"mode": "none"},  # detection only: the verdict ends the run (test_recovery_e2e restarts)
         "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64},
         "seq_len": 16,
-        "command": ["python3", "-m", "clusterctl.trainer", "--steps", "100000", "--eval-interval", "0",
-                    "--step-compute-s", "0.1"],
+        **command,
     }
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(spec))
@@ -52,18 +60,23 @@ def wait_finished(backend: str, done: Submitted, log: str) -> None:
         time.sleep(0.3)
 
 
-@pytest.mark.parametrize("fault, target, code", [("kill", 2, ExitCode.SCRIPT_FAILED), ("hang", 1, ExitCode.HANG)])
+@pytest.mark.parametrize("script, fault, target, code", [
+    ("trainer", "kill", 2, ExitCode.SCRIPT_FAILED),
+    ("plain", "hang", 1, ExitCode.HANG),
+    ("plain", "slow", 2, ExitCode.STRAGGLER),
+])
 def test_drill_names_the_culprit_of_a_torch_job(
-    backend: str, tmp_path: Path, fault: str, target: int, code: ExitCode
+    backend: str, tmp_path: Path, script: str, fault: str, target: int, code: ExitCode
 ) -> None:
-    done = submit(backend, tmp_path, f"drill-{fault}")
+    done = submit(backend, tmp_path, f"drill-{fault}", script)
     run = done.run
-    result = cli("drill", str(run.path), f"--{fault}", str(target), "--timeout", "150", "--json")
+    how = f"{target}:1.5" if fault == "slow" else str(target)
+    result = cli("drill", str(run.path), f"--{fault}", how, "--timeout", "150", "--json")
     log = (run.path / f"slurm-{done.job_id}.out").read_text()
     assert result.exit_code == 0, (result.output, log)
     report = json.loads(result.stdout)
     assert report["detected"] and report["culprit_right"] and report["code"] == code, report
-    assert report["seconds"] < (20 if fault == "hang" else 15), report
+    assert report["seconds"] < {"hang": 20, "slow": 30, "kill": 15}[fault], report
 
     wait_finished(backend, done, log)
     attempt = run.attempt(1)
@@ -73,13 +86,17 @@ def test_drill_names_the_culprit_of_a_torch_job(
     assert [c["rank"] for c in verdict["culprits"]] == [target]
     assert verdict["culprits"][0]["host"] == hosts[target // 2]
     victims = sorted(v["rank"] for v in verdict["victims"])
+    if fault == "slow":  # the peers waited for it: not failures, and the run's own metrics show the steps
+        steps = [json.loads(line)["step"] for line in (attempt / "metrics.jsonl").read_text().splitlines()]
+        assert steps[:3] == [0, 1, 2] and len(steps) >= 20, steps[:30]
+        return
     assert victims == sorted(set(range(4)) - {target})
     end = [e for e in history.read_events(run.events_file) if e["event"] == "end"]
     assert end[-1]["attempt"] == 1 and end[-1]["exit"] == code, log
     if fault == "hang":
         for rank in victims:  # each survivor says where it waited: in the collective
             stack = (attempt / verdict["evidence"]["stacks"][str(rank)]).read_text()
-            assert "clusterctl/trainer/loop.py" in stack, stack
+            assert "train_ddp.py" in stack, stack
         assert not (attempt / "stacks" / f"rank-{target}.txt").exists()  # the stopped rank could not answer
     else:
         assert verdict["evidence"]["how"] == "Killed"

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"trainer", "views"},
     {"actions"},
     {"remote", "qualify", "siteimport", "testing", "integrations"},
-    {"cli", "launch"},  # launch: the entry point's thin alias of runtime/launch.py
+    {"cli", "launch", "watch"},  # launch: the entry point's thin alias of runtime/launch.py; watch: record()
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -263,6 +263,12 @@ class Watchdog(Section):
     straggler_factor: float = Field(1.5, gt=1.0, description="step time over the peers' median by this factor")
     window: PositiveInt = Field(20, description="steps over which step times are compared")
     save_timeout: Seconds = Field(900, description="a checkpoint save may take this long")
+    load_timeout: Seconds = Field(900, description="loading a checkpoint at the start may take this long")
+    steps: Literal["auto", "contract", "off"] = Field(
+        "auto",
+        description="where step reports come from: auto (torch's optimizer and collective hooks, or the Contract"
+        " once the script creates one), contract (the Contract only), off (no step reports)",
+    )
 
 
 class Preflight(Section):

@@ -305,6 +305,8 @@ def build_run_json(
             straggler_factor=spec.watchdog.straggler_factor,
             window=spec.watchdog.window,
             save_timeout=spec.watchdog.save_timeout,
+            load_timeout=spec.watchdog.load_timeout,
+            steps=spec.watchdog.steps,
         ),
         preflight=PreflightRecord(checks=tuple(spec.preflight.checks), timeout=spec.preflight.timeout),
         exit_codes={c.name: int(c) for c in ExitCode},

@@ -101,6 +101,8 @@ class WatchdogRecord:
     straggler_factor: float = 1.5
     window: int = 20
     save_timeout: float = 900.0
+    load_timeout: float = 900.0
+    steps: str = "auto"  # auto | contract | off (runtime/stepwatch.py)
 
 
 @dataclass(frozen=True)

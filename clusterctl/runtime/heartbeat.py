@@ -25,7 +25,7 @@ from typing import Any
 
 from clusterctl import envnames
 
-PHASES = ("start", "forward", "backward", "optimizer", "collective", "save", "eval", "idle")
+PHASES = ("start", "load", "forward", "backward", "optimizer", "collective", "save", "eval", "idle")
 LIVENESS_S = 1.0
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from clusterctl import envnames
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime import heartbeat, stacks
+from clusterctl.runtime import heartbeat, stacks, stepwatch
 from clusterctl.runtime.preflight import POST_RENDEZVOUS
 from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
@@ -178,6 +178,9 @@ def managed(argv: list[str]) -> int:
         rendezvous.report_error(store, info.rank, text)
         return 1
     finally:
+        watch = stepwatch.current()
+        if watch is not None:
+            watch.close()
         heartbeat.shared(info.rank, info.attempt).close()
     return 0
 
@@ -188,6 +191,7 @@ def watched(info: Any, *, cuda: bool) -> None:
     if cuda:
         stacks.arm_flight_recorder(info.attempt_dir)
     heartbeat.shared(info.rank, info.attempt)
+    stepwatch.install(info.rank, info.world_size, info.attempt, str(info.attempt_dir), info.run.watchdog.steps)
 
 
 def main(argv: list[str] | None = None) -> None:

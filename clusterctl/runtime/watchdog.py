@@ -12,7 +12,8 @@ Rules (the README's "Watching a job" section says the same):
   median step time of the recent window, at least `HANG_FLOOR_S` and at most
   `watchdog.hang_timeout`; during warm-up, an evaluation or before the first
   step it is `watchdog.hang_timeout`; while a rank saves a checkpoint it is
-  `watchdog.save_timeout`. The culprit is, in this order: the rank whose
+  `watchdog.save_timeout`, and while one loads a checkpoint
+  `watchdog.load_timeout`. The culprit is, in this order: the rank whose
   process is stopped or whose liveness beat stopped; the rank that never
   entered the collective its peers wait in; the rank behind its peers' step.
   The ranks waiting for it are victims, never culprits.
@@ -171,6 +172,8 @@ class Watchdog:
         live = [r for r in self.ranks if r.process != "gone"]
         if any(r.phase == "save" for r in live):
             return s.save_timeout, "a checkpoint save is in progress (watchdog.save_timeout)"
+        if any(r.phase == "load" for r in live):
+            return s.load_timeout, "a checkpoint is being loaded (watchdog.load_timeout)"
         if any(r.phase == "eval" for r in live):
             return s.hang_timeout, "an evaluation is in progress (watchdog.hang_timeout)"
         done = sorted(r.steps_done for r in self.ranks)

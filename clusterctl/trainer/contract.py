@@ -8,8 +8,16 @@ A training script adopts it with a few lines:
     start = contract.resume()                                 # the latest committed generation, if any
     for step in range(start, total_steps):
         ...                                                   # forward, backward, optimizer step
-        contract.after_step(step)                             # saves on schedule; on pre-timeout: save, commit, exit 85
-    contract.close()
+        contract.after_step(step, loss=loss)                  # reports the step; saves on schedule; on pre-timeout:
+    contract.close()                                          #   save, commit, exit 85
+
+What it reports to the watchdog: the phase `load` while resume() loads
+(watchdog.load_timeout applies, not the hang timeout), one step report per
+rank per `after_step` with its step and compute time (runtime/stepwatch.py
+times the step; the collectives' waits are left out of compute), `save`
+while a checkpoint is written, and the values given to `after_step` (loss,
+tokens, any scalar or one-element tensor) in rank 0's metrics.jsonl. The
+time a save takes is its own phase, not part of the next step.
 
 `resume()` also writes this attempt's run record (attempt-N/record.json, rank
 0): the generation and data position it resumed from, or none, and the
@@ -103,8 +111,10 @@ class Contract:
         interval: int | None = None,
         keep: int | None = None,
         asynchronous: bool | None = None,
+        metrics_dir: str | Path | None = None,
     ) -> None:
         from clusterctl.checkpoint import Checkpointer
+        from clusterctl.runtime import stepwatch
 
         run = run_settings()
         ckpt = run.checkpoint if run is not None else CheckpointRecord()
@@ -123,6 +133,14 @@ class Contract:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.heartbeat = heartbeats.shared(self.rank, int(os.environ.get(envnames.ATTEMPT, "0") or 0))
+        mode = run.watchdog.steps if run is not None else "auto"
+        self.watch = stepwatch.current() or stepwatch.install(
+            self.rank, self.world, int(os.environ.get(envnames.ATTEMPT, "0") or 0),
+            str(metrics_dir or os.environ.get(envnames.ATTEMPT_DIR) or "") or None, mode,
+        )
+        if self.watch is not None:
+            self.watch.from_contract = True  # after_step says which step it is; the hooks only time it
+            stepwatch.adopt(model)
         self.checkpointer = Checkpointer(
             self.directory,
             keep=keep or ckpt.keep,
@@ -156,7 +174,9 @@ class Contract:
         generation = self.checkpointer.latest()
         if generation is None:
             self._record_resume(None)
+            self._steps_begin()
             return 0
+        self.heartbeat.phase("load")
         state = self._state()
         extra = self.checkpointer.load(generation, state)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -166,7 +186,14 @@ class Contract:
             set_rng_state(extra["rng"])
         self.last_saved = generation.step
         self._record_resume(generation)
+        self._steps_begin()
         return generation.step + 1
+
+    def _steps_begin(self) -> None:
+        """The first step's time starts now: loading is not part of it."""
+        self.heartbeat.phase("start")
+        if self.watch is not None:
+            self.watch.start()
 
     # --- the run record -------------------------------------------------------------
     def describe(self, *, training: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> None:
@@ -269,8 +296,26 @@ class Contract:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
-    def after_step(self, step: int) -> None:
-        """Save when the interval comes round; on a stop request save synchronously and exit 85."""
+    def after_step(self, step: int, *, loss: Any = None, tokens: Any = None, **scalars: Any) -> dict[str, float]:
+        """Report the step; save when the interval comes round; on a stop request save synchronously and exit 85.
+
+        `loss`, `tokens` (this rank's tokens in the step: tokens/s is derived)
+        and any other scalars go to rank 0's metrics.jsonl; a tensor is read
+        a step later, so passing one costs no synchronisation. Returns the
+        step's timing ({step, step_s, compute_s}; zeros with `watchdog.steps: off`).
+        """
+        timing = {"step": step, "step_s": 0.0, "compute_s": 0.0}
+        if self.watch is not None:
+            values = {"loss": loss, "tokens": tokens, **scalars}
+            self.watch.record({k: v for k, v in values.items() if v is not None})
+            timing = self.watch.step_done(step)
+        saved = self.last_saved
+        self._after_step(step)
+        if self.watch is not None and self.last_saved != saved:
+            self.watch.start()  # the save was its own phase: the next step starts after it
+        return timing
+
+    def _after_step(self, step: int) -> None:
         if self.stop_agreed():
             self.checkpointer.wait()
             if self.last_saved != step:
@@ -306,4 +351,6 @@ class Contract:
     def close(self) -> None:
         self.checkpointer.wait()
         self.checkpointer.close()
+        if self.watch is not None:
+            self.watch.close()
         self.heartbeat.close()

@@ -20,8 +20,6 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames, rundir
-from clusterctl.rundir.metrics import MetricsWriter
-from clusterctl.runtime.computeclock import compute_clock
 from clusterctl.trainer import busy
 from clusterctl.trainer.contract import Contract
 from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression, TokenShards
@@ -217,20 +215,18 @@ def train(config: TrainConfig) -> dict[str, Any]:
     model = wrap(model, config, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     sampler = DistributedSampler(dataset_size(config), rank, world, seed=config.seed)
+    where = out_dir(config)
     contract = Contract(
-        model, optimizer, sampler=sampler, directory=config.checkpoint_dir, interval=config.checkpoint_interval
+        model, optimizer, sampler=sampler, directory=config.checkpoint_dir, interval=config.checkpoint_interval,
+        metrics_dir=where,
     )
     contract.describe(**described(config, world, device))
     start = contract.resume()
-    where = out_dir(config)
-    metrics = MetricsWriter(where / rundir.METRICS) if rank == 0 else None
     samples = open(where / f"samples-rank{rank}.jsonl", "a") if config.record_samples else None
     tokens_per_sample = config.seq_len if config.model == "transformer" else 1
     step_times: list[float] = []
-    compute_time = compute_clock()
     reached: dict[str, Any] | None = None
     began = time.time()
-    train_s = 0.0  # this attempt's time in steps so far: what the run keeps up to a checkpoint (goodput)
     hb = contract.heartbeat
     if rank == 0:
         print(f"training {config.model} ({config.parallel}) on {world} ranks from step {start} to {config.steps}", flush=True)
@@ -242,8 +238,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
             )
     read_before = 0.0  # the dataset's reading time so far (file-backed data): each step's input wait is the change
     for step in range(start, config.steps):
-        t0 = time.perf_counter()
-        c0 = compute_time()
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), dtype=torch.float64, device=device)
         used: list[int] = []
@@ -261,34 +255,21 @@ def train(config: TrainConfig) -> dict[str, Any]:
                     loss.backward()
             step_loss += loss.detach().double()
         if busy_units:
-            # After the last backward, whose gradient all-reduce has returned: a peer
-            # waiting for a slow rank waits in the loss all-reduce below (outside
-            # compute_s), not inside the next backward.
-            busy.spin(busy_units)
-        compute_s = compute_time() - c0
+            busy.spin(busy_units)  # extra compute: the peers wait for a slowed rank in a collective (not compute)
         hb.phase("optimizer", step)
         optimizer.step()
         hb.phase("collective", step)
         dist.all_reduce(step_loss)
         mean_loss = float(step_loss) / world
-        step_s = time.perf_counter() - t0
-        step_times.append(step_s)
-        train_s += step_s
-        hb.step_done(step, step_s, compute_s)
         if samples is not None:
             samples.write(json.dumps({"step": step, "ids": used}) + "\n")
             samples.flush()
         if config.data_dir:
             data_s, read_before = data.read_s - read_before, data.read_s
         record: dict[str, Any] = {
-            "step": step,
             "loss": mean_loss,
             "loss_hex": float.hex(mean_loss),
-            "step_s": round(step_s, 6),
-            "compute_s": round(compute_s, 6),
-            "tokens_per_s": round(config.micro * config.grad_accum * world * tokens_per_sample / step_s, 1),
-            "t": round(time.time(), 3),
-            "train_s": round(train_s, 6),
+            "tokens": config.micro * config.grad_accum * tokens_per_sample,
             "total_steps": config.steps,
         }
         if config.data_dir:
@@ -301,10 +282,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 record["target_reached"] = reached
                 if rank == 0:
                     print(f"target validation loss {config.target_loss} reached at step {step} after {reached['seconds']} s", flush=True)
-        if metrics is not None:
-            metrics.write(record)
         hb.phase("idle", step)
-        contract.after_step(step)
+        step_times.append(contract.after_step(step, **record)["step_s"])
     contract.close()
     summary = summarize(step_times, config, world, tokens_per_sample, reached)
     if config.step_compute_s > 0:
@@ -314,9 +293,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if rank == 0:
         print("clusterctl trainer: " + json.dumps(summary), flush=True)
         (where / rundir.TRAINER_SUMMARY).write_text(json.dumps(summary, indent=1) + "\n")
-    for fh in (metrics, samples):
-        if fh is not None:
-            fh.close()
+    if samples is not None:
+        samples.close()
     dist.destroy_process_group()
     return summary
 
@@ -325,7 +303,7 @@ def summarize(step_times: list[float], config: TrainConfig, world: int, tokens_p
     if not step_times:
         return {"steps": 0, "target": config.target_loss, "target_reached": reached}
     ordered = sorted(step_times)
-    median = statistics.median(ordered)
+    median = statistics.median(ordered) or float("nan")  # watchdog.steps: off times no step
     return {
         "steps": len(step_times),
         "step_s": {"p50": round(median, 4), "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 4), "max": round(ordered[-1], 4)},

@@ -23,7 +23,7 @@ FILES = ("loss.png", "step_time.png", "heatmap.png", "throughput.png", "attempts
 DPI = 100
 INSTALL_HINT = "pip install 'clusterctl[report]'"
 PHASE_COLOURS = {"compute": "#4c72b0", "collective": "#dd8452", "save": "#8172b3", "eval": "#55a868",
-                 "idle": "#c7c7c7", "other": "#937860"}
+                 "idle": "#c7c7c7", "load": "#da8bc3", "other": "#937860"}
 
 
 def require() -> Any:

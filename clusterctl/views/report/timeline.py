@@ -26,9 +26,9 @@ import numpy as np
 from clusterctl.rundir import timeline
 
 # Phase categories, in the order the phases plot stacks them; a phase maps to one (PHASE_CATEGORY).
-CATEGORIES = ("compute", "collective", "save", "eval", "idle", "other")
+CATEGORIES = ("compute", "collective", "save", "eval", "idle", "load", "other")
 PHASE_CATEGORY = {
-    "forward": 0, "backward": 0, "optimizer": 0, "collective": 1, "save": 2, "eval": 3, "idle": 4, "start": 5,
+    "forward": 0, "backward": 0, "optimizer": 0, "collective": 1, "save": 2, "eval": 3, "idle": 4, "load": 5, "start": 6,
 }
 OTHER = CATEGORIES.index("other")
 SAVE = CATEGORIES.index("save")

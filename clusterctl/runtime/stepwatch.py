@@ -1,0 +1,336 @@
+"""The step watcher: step reports for any PyTorch script, from torch's own hooks, with no change to the script.
+
+The launcher (runtime/launch.py) installs it in the rank's process before the
+user's command runs, so a plain DDP or FSDP2 loop that imports nothing of
+clusterctl is watched as the reference trainer is:
+
+* A step is one `step()` of the script's optimizer (torch's global
+  optimizer-step post-hook): gradient accumulation is one step per
+  optimizer step; with several optimizers, the first one that steps counts
+  and the others are ignored; `GradScaler` skipping a step skips it here too.
+  The step's number is the optimizer's own count (Adam's and most others'
+  `state["step"]`, restored with the optimizer's state on a resume), else
+  the count of steps in this attempt.
+* Step time is the wall time between two steps. Compute time is the step
+  time minus the time the rank waited for its peers in collectives: every
+  `Work.wait()` (each blocking torch.distributed collective, and every
+  asynchronous one FSDP2 waits for) and, for DDP, the gradient all-reduce
+  after the last bucket of the backward was handed over (a communication hook
+  that times the one the script uses, or the default all-reduce). So a rank
+  that waits for a slow peer does not look slow itself, and work outside any
+  module counts. On sites with `oversubscribe: true` the step's clock leaves
+  out the time the rank waited for a CPU (runtime/computeclock.py).
+* Phases: `forward` when a DDP model is called, `backward` when its first
+  gradient bucket is reduced, `collective` while waiting in a collective,
+  `optimizer`, then `idle`. They are noted, not sent: the liveness beat
+  (each second) carries the phase, so a rank stuck in one is seen within a
+  second or two, and a collective costs no message.
+* Rank 0 appends one line per step to metrics.jsonl (rundir/metrics.py):
+  step, step and compute time, the attempt's time in steps, and what the
+  script recorded with `clusterctl.watch.record(loss=..., tokens=...)` (or
+  `Contract.after_step(step, loss=...)`). A tensor is kept as it is and
+  read when the next step ends, when the device has long finished it: no
+  synchronisation each step.
+
+`watchdog.steps` chooses: `auto` (the default) takes steps from the hooks,
+or from the Contract once a script creates one (its `after_step` says which
+step it is, and the hooks then only time it: one report per rank per step);
+`contract` takes them from the Contract only; `off` installs nothing.
+A command that is not Python (`command: [bash, ...]`) is not watched for
+steps: its ranks get liveness, stacks and the end's blame only.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from clusterctl.rundir import layout
+from clusterctl.rundir.metrics import MetricsWriter
+from clusterctl.runtime import heartbeat as heartbeats
+from clusterctl.runtime.computeclock import compute_clock
+
+MODES = ("auto", "contract", "off")
+SCALARS = (int, float, bool, str)
+
+
+class StepWatch:
+    """One rank's step reports: fed by torch's hooks (or a Contract), sent as heartbeats, written by rank 0."""
+
+    def __init__(self, rank: int, world: int, beat: heartbeats.Heartbeat, metrics_path: Path | None, mode: str = "auto") -> None:
+        self.rank, self.world, self.beat, self.mode = rank, world, beat, mode
+        self.clock = compute_clock()
+        self.from_contract = mode == "contract"  # auto: until a Contract says it reports the steps
+        self._metrics = MetricsWriter(metrics_path) if metrics_path is not None else None
+        self._lock = threading.Lock()
+        self._began: float | None = None  # the current step's start (compute clock)
+        self._began_wall: float | None = None
+        self._waited = 0.0  # seconds waited in collectives in the current step
+        self._optimizer: int | None = None  # id() of the optimizer whose steps count
+        self._count = -1
+        self._recorded: dict[str, Any] = {}  # what the script recorded for the current step
+        self._pending: dict[str, Any] | None = None  # the last step's line, written when the next one ends
+        self.train_s = 0.0
+        self.own_s = 0.0  # time spent in this module's code (measured: the overhead the bench reports)
+        self._bucket_last: float | None = None  # DDP: when the backward's last bucket was handed over
+        self._bucket_done = 0.0
+        self._inflight = 0
+
+    # --- the step's clock ----------------------------------------------------
+    def start(self) -> None:
+        """The current step begins now (the first forward, or after a save the Contract made)."""
+        self._began, self._began_wall, self._waited = self.clock(), time.perf_counter(), 0.0
+
+    def waited(self, seconds: float) -> None:
+        with self._lock:
+            self._waited += seconds
+
+    def note(self, phase: str) -> None:
+        """The phase the rank is in, carried by the next liveness beat; the first one starts the first step."""
+        self.beat.phase_name = phase
+        if self._began is None:
+            self.start()
+
+    def record(self, values: dict[str, Any]) -> None:
+        """Values for the current step's metrics line (rank 0 writes them; other ranks' are dropped)."""
+        if self._metrics is not None:
+            self._recorded.update(values)
+
+    def step_done(self, step: int | None = None) -> dict[str, float]:
+        """The step ended: report it; its step and compute time."""
+        entered = time.perf_counter()
+        now = self.clock()
+        began = self._began if self._began is not None else now
+        with self._lock:
+            waited, self._waited = self._waited, 0.0
+        step_s = max(0.0, now - began)
+        compute_s = max(0.0, step_s - waited)
+        self._count = step if step is not None else self._count + 1
+        self.train_s += step_s
+        self.beat.phase_name = "idle"
+        self.beat.step_done(self._count, round(step_s, 6), round(compute_s, 6))
+        if self._metrics is not None:
+            self._flush()
+            self._pending = {"step": self._count, "step_s": round(step_s, 6), "compute_s": round(compute_s, 6),
+                             "t": round(time.time(), 3), "train_s": round(self.train_s, 6), **self._recorded}
+            self._recorded = {}
+            if all(isinstance(v, SCALARS) or v is None for v in self._pending.values()):
+                self._flush()  # nothing to wait for: written now
+        self._began = self.clock()
+        self._began_wall = time.perf_counter()
+        self.own_s += time.perf_counter() - entered
+        return {"step": self._count, "step_s": step_s, "compute_s": compute_s}
+
+    def _flush(self) -> None:
+        """Write the previous step's line, reading its tensors now (the device finished them a step ago)."""
+        if self._pending is None or self._metrics is None:
+            return
+        line = {k: plain(v) for k, v in self._pending.items()}
+        tokens = line.pop("tokens", None)
+        if isinstance(tokens, (int, float)) and line.get("step_s"):
+            line["tokens_per_s"] = round(tokens * self.world / line["step_s"], 1)
+        self._pending = None
+        try:
+            self._metrics.write(line)
+        except (OSError, TypeError, ValueError):
+            pass  # metrics are not worth a failed step
+
+    def close(self) -> None:
+        self._flush()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+    # --- the hooks -------------------------------------------------------------
+    def on_optimizer_step(self, optimizer: Any) -> None:
+        if self._optimizer is None:
+            self._optimizer = id(optimizer)
+        if id(optimizer) != self._optimizer or self.from_contract:
+            self.beat.phase_name = "idle"
+            return
+        self.step_done(optimizer_step(optimizer))
+
+    def on_bucket_sent(self, last: bool) -> None:
+        with self._lock:
+            self._inflight += 1
+            if last:
+                self._bucket_last = time.perf_counter()
+        self.beat.phase_name = "backward"
+
+    def on_bucket_reduced(self) -> None:
+        """A bucket's all-reduce finished (a communication thread): once all have, the wait after the last is known."""
+        now = time.perf_counter()
+        with self._lock:
+            self._inflight -= 1
+            self._bucket_done = max(self._bucket_done, now)
+            if self._inflight == 0 and self._bucket_last is not None:
+                self._waited += max(0.0, self._bucket_done - self._bucket_last)
+                self._bucket_last, self._bucket_done = None, 0.0
+
+
+def plain(value: Any) -> Any:
+    """A recorded value as JSON takes it: a one-element tensor's number, else the value if it is a scalar."""
+    if isinstance(value, SCALARS) or value is None:
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except (RuntimeError, ValueError):
+            return None
+    return str(value)
+
+
+def optimizer_step(optimizer: Any) -> int | None:
+    """The 0-based number of the step the optimizer just took, from its state (restored on resume); None if it keeps none."""
+    try:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                count = optimizer.state.get(param, {}).get("step")
+                if count is None:
+                    return None
+                if getattr(count, "device", None) is not None and count.device.type != "cpu":
+                    return None  # capturable/fused on a GPU: reading it would synchronise
+                return int(count) - 1
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError):
+        return None
+    return None
+
+
+# --- installation: the process's one watch ------------------------------------------
+_WATCH: StepWatch | None = None
+
+
+def current() -> StepWatch | None:
+    return _WATCH
+
+
+def install(rank: int, world: int, attempt: int, attempt_dir: str | None, mode: str = "auto") -> StepWatch | None:
+    """Install the hooks (once per process); the watch, or None with mode `off` or without torch."""
+    global _WATCH
+    if _WATCH is not None or mode == "off":
+        return _WATCH
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    metrics = Path(attempt_dir) / layout.METRICS if attempt_dir and rank == 0 else None
+    _WATCH = StepWatch(rank, world, heartbeats.shared(rank, attempt), metrics, mode)
+    _hook_optimizers(_WATCH)
+    _hook_waits(_WATCH)
+    _hook_ddp(_WATCH)
+    return _WATCH
+
+
+def install_from_env(mode: str = "auto") -> StepWatch | None:
+    """For a Contract in a process the launcher did not start (standalone mode, or outside clusterctl)."""
+    from clusterctl import envnames
+
+    rank = int(os.environ.get("RANK", "0") or 0)
+    return install(rank, int(os.environ.get("WORLD_SIZE", "1") or 1), int(os.environ.get(envnames.ATTEMPT, "0") or 0),
+                   os.environ.get(envnames.ATTEMPT_DIR), mode)
+
+
+def _hook_optimizers(watch: StepWatch) -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(lambda opt, args, kwargs: watch.note("optimizer"))
+    register_optimizer_step_post_hook(lambda opt, args, kwargs: watch.on_optimizer_step(opt))
+
+
+def _hook_waits(watch: StepWatch) -> None:
+    """Every Work.wait() from Python: blocking collectives wait through it too."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    work = dist.Work
+    original = work.wait
+
+    @functools.wraps(original)
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        phase = watch.beat.phase_name
+        watch.note("collective")
+        t0 = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            watch.waited(time.perf_counter() - t0)
+            watch.beat.phase_name = phase
+
+    work.wait = wait
+
+
+_ORIGINAL: dict[str, Any] = {}  # DDP's own methods, before _hook_ddp wrapped them
+
+
+def _timed(watch: StepWatch, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A DDP communication hook that tells the watch when each bucket went and when its reduction came back."""
+
+    @functools.wraps(hook)
+    def hooked(state: Any, bucket: Any) -> Any:
+        watch.on_bucket_sent(bucket.is_last())
+
+        def reduced(fut: Any) -> Any:
+            watch.on_bucket_reduced()
+            return fut.value()
+
+        return hook(state, bucket).then(reduced)
+
+    return hooked
+
+
+def _on_forward(module: Any, args: Any) -> None:  # noqa: ARG001
+    """A DDP model's forward: the phase, and before its first backward the timed default hook if it has none."""
+    watch = _WATCH
+    if watch is None:
+        return
+    watch.note("forward")
+    if getattr(module, "_clusterctl_hooked", False):
+        return
+    module._clusterctl_hooked = True
+    if not module._comm_hooks and not getattr(module, "_clusterctl_builtin_hook", False):
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        _ORIGINAL["register_comm_hook"](module, module.process_group or dist.group.WORLD, _timed(watch, allreduce_hook))
+
+
+def _hook_ddp(watch: StepWatch) -> None:
+    """DDP: time the gradient all-reduce through a communication hook (the script's own, or the default one)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original_init = DDP.__init__
+    _ORIGINAL["register_comm_hook"] = original_register = DDP.register_comm_hook
+    original_builtin = DDP._register_builtin_comm_hook
+
+    def register_comm_hook(self: Any, state: Any, hook: Callable[..., Any]) -> None:
+        self._check_comm_hook(hook)
+        original_register(self, state, _timed(watch, hook))
+
+    def register_builtin(self: Any, comm_hook_type: Any) -> None:
+        self._clusterctl_builtin_hook = True  # a C++ hook: its wait is not timed
+        original_builtin(self, comm_hook_type)
+
+    @functools.wraps(original_init)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self._clusterctl_forward_hook = True
+        self.register_forward_pre_hook(_on_forward)
+
+    DDP.__init__ = init
+    DDP.register_comm_hook = register_comm_hook
+    DDP._register_builtin_comm_hook = register_builtin
+
+
+def adopt(model: Any) -> None:
+    """A DDP model built before the hooks were installed (a Contract in standalone mode): watched from now on."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if _WATCH is not None and isinstance(model, DDP) and not getattr(model, "_clusterctl_forward_hook", False):
+        model._clusterctl_forward_hook = True
+        model.register_forward_pre_hook(_on_forward)
