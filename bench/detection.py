@@ -1,9 +1,18 @@
 """Detection latency: a hang, a 1.5x and a 3x straggler, and false verdicts over a clean run.
 
-4 ranks (2 emulated nodes x 2) of the reference trainer on the local backend,
-each step busy-computing about 1 s (`--step-compute-s 1`), with
-`watchdog.straggler_factor: 1.25` and checkpoint saves and evaluations every
-50 steps. Faults are injected from outside with `clusterctl drill`.
+4 ranks (2 emulated nodes x 2) on the local backend, each step busy-computing
+about 1 s, with `watchdog.straggler_factor: 1.25` and checkpoint saves every
+50 steps. `--script` picks the program: `trainer` (the reference trainer,
+`--step-compute-s 1`, evaluations every 50 steps), `zero-change` (the plain
+DDP example, examples/own-script/train_ddp.py, which imports nothing of
+clusterctl: steps come from torch's hooks) or `contract` (the same script
+with the Contract). Faults are injected from outside with `clusterctl drill`.
+
+The watcher's cost: `watch_overhead` is rank 0's time in the step watcher's
+own code over its time in steps (metrics.jsonl `watch_s` / `train_s`) in the
+clean run; `watch_ab_overhead` (full run, the plain scripts only) is the
+step time of the same 0.02 s-step job with `watchdog.steps: auto` over the
+one with `off`, minus 1, as the script itself times them.
 
 * clean + hang: one job trains CLEAN steps (300; 40 with --quick) with no
   verdict allowed, then `drill --hang 1`: seconds from the SIGSTOP to the
@@ -15,10 +24,10 @@ Targets: hang <= 10 s, 1.5x straggler <= 30 steps, no false verdict in >= 300
 clean steps. There is no peer to run beside it: torch itself calls a hang
 only when a collective times out (NCCL 10 min, gloo 30 min by default).
 
-    python bench/detection.py [--quick]
+    python bench/detection.py [--quick] [--script trainer|zero-change|contract]
 
-Last line: {"hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps",
-"straggler_3x_steps", "false_verdicts", "clean_steps"}.
+Last line: {"script", "hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps",
+"straggler_3x_steps", "false_verdicts", "clean_steps", "watch_overhead", "watch_ab_overhead"}.
 """
 
 from __future__ import annotations
@@ -38,7 +47,18 @@ CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
 WINDOW_FULL = 30  # steps before a straggler is injected: warm-up (5) plus a full 20-step window, and some
 
 
-def spec(name: str, runs: Path, steps: int) -> dict[str, Any]:
+SCRIPTS = {"zero-change": "train_ddp.py", "contract": "train_ddp_contract.py"}
+
+
+def command(script: str, steps: int, busy_s: float = 1.0) -> dict[str, Any]:
+    if script == "trainer":
+        return {"command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "50",
+                            "--step-compute-s", str(busy_s)]}
+    path = REPO / "examples" / "own-script" / SCRIPTS[script]
+    return {"command": ["python3", str(path)], "env": {"STEPS": str(steps), "BUSY_S": str(busy_s)}}
+
+
+def spec(name: str, runs: Path, steps: int, script: str = "trainer", busy_s: float = 1.0, **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
         "site": "local",
@@ -50,17 +70,17 @@ def spec(name: str, runs: Path, steps: int) -> dict[str, Any]:
         "checkpoint": {"interval": 50, "keep": 1},
         "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64},
         "seq_len": 16,
-        "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "50",
-                    "--step-compute-s", "1"],
+        **command(script, steps, busy_s),
+        **extra,
     }
 
 
-def submit(scratch: Path, name: str, steps: int) -> Path:
+def submit(scratch: Path, name: str, steps: int, script: str = "trainer", busy_s: float = 1.0, **extra: Any) -> Path:
     from clusterctl.actions.submit import submit_job
     from clusterctl.plan.job import load_job
 
     path = scratch / f"{name}.yaml"
-    path.write_text(json.dumps(spec(name, scratch / "runs", steps)))
+    path.write_text(json.dumps(spec(name, scratch / "runs", steps, script, busy_s, **extra)))
     return submit_job(load_job(path), "local").run.path
 
 
@@ -100,8 +120,32 @@ def cancel(run: Path) -> None:
     LocalBackend().cancel(str(json.loads((run / "state.json").read_text())["job_id"]))
 
 
-def clean_then_hang(scratch: Path, clean: int, show: Any) -> dict[str, Any]:
-    run = submit(scratch, "clean-hang", clean + 1000)
+def watch_overhead(attempt: Path) -> float | None:
+    """Rank 0's time in the watcher's code over its time in steps (the last metrics line)."""
+    try:
+        last = json.loads((attempt / "metrics.jsonl").read_text().splitlines()[-1])
+        return round(last["watch_s"] / last["train_s"], 6)
+    except (OSError, IndexError, KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def timed_run(scratch: Path, script: str, steps_mode: str, steps: int) -> float | None:
+    """Seconds per step of a short job, as the script itself times them (its last line on rank 0)."""
+    run = submit(scratch, f"ab-{steps_mode}", steps, script, 0.02, watchdog={"straggler_factor": 1.25, "steps": steps_mode})
+    log = run / "attempt-1" / "logs" / "node-0.log"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        for line in text.splitlines():
+            if "trained " in line and " steps in " in line:
+                done, took = line.split("trained ", 1)[1].split(" steps in ")
+                return float(took.split()[0]) / int(done)
+        time.sleep(1)
+    return None
+
+
+def clean_then_hang(scratch: Path, clean: int, show: Any, script: str) -> dict[str, Any]:
+    run = submit(scratch, "clean-hang", clean + 1000, script)
     attempt = run / "attempt-1"
     start = time.monotonic()
     false = 0
@@ -121,6 +165,7 @@ def clean_then_hang(scratch: Path, clean: int, show: Any) -> dict[str, Any]:
     found = verdict(attempt) or {}
     cancel(run)
     return {
+        "watch_overhead": watch_overhead(attempt),
         "clean_steps": clean_steps,
         "false_verdicts": false,
         "hang_detect_s": report.get("seconds") if report.get("culprit_right") else None,
@@ -128,8 +173,8 @@ def clean_then_hang(scratch: Path, clean: int, show: Any) -> dict[str, Any]:
     }
 
 
-def straggler(scratch: Path, factor: float, show: Any) -> tuple[int | None, int]:
-    run = submit(scratch, f"slow-{factor:g}x", 2000)
+def straggler(scratch: Path, factor: float, show: Any, script: str) -> tuple[int | None, int]:
+    run = submit(scratch, f"slow-{factor:g}x", 2000, script)
     attempt = run / "attempt-1"
     while steps_done(attempt) < WINDOW_FULL:  # measure detection, not the window filling up
         if verdict(attempt) is not None:
@@ -152,6 +197,7 @@ def straggler(scratch: Path, factor: float, show: Any) -> tuple[int | None, int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="40 clean steps and the hang only (about a minute)")
+    parser.add_argument("--script", choices=("trainer", *SCRIPTS), default="trainer", help="the program the ranks run")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(REPO))
 
@@ -161,14 +207,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="clusterctl-detect-") as tmp:
         scratch = Path(tmp)
         os.environ["CLUSTERCTL_LOCAL_STATE"] = str(scratch / "local-state")
-        result = clean_then_hang(scratch, 40 if args.quick else 300, show)
-        result["straggler_1_5x_steps"] = result["straggler_3x_steps"] = None
+        result = clean_then_hang(scratch, 40 if args.quick else 300, show, args.script)
+        result["straggler_1_5x_steps"] = result["straggler_3x_steps"] = result["watch_ab_overhead"] = None
+        show(f"watcher: {result['watch_overhead']} of rank 0's step time in its own code")
         if not args.quick:
             for factor, key in ((1.5, "straggler_1_5x_steps"), (3.0, "straggler_3x_steps")):
-                steps, false = straggler(scratch, factor, show)
+                steps, false = straggler(scratch, factor, show, args.script)
                 result[key] = steps
                 result["false_verdicts"] += false
-    keys = ("hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps", "straggler_3x_steps", "false_verdicts", "clean_steps")
+            if args.script != "trainer":
+                off, on = (timed_run(scratch, args.script, mode, 400) for mode in ("off", "auto"))
+                if off and on:
+                    result["watch_ab_overhead"] = round(on / off - 1, 4)
+                    show(f"A/B: {off * 1000:.2f} ms a step with watchdog.steps off, {on * 1000:.2f} ms with auto")
+    result["script"] = args.script
+    keys = ("script", "hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps", "straggler_3x_steps", "false_verdicts",
+            "clean_steps", "watch_overhead", "watch_ab_overhead")
     print(json.dumps({k: result[k] for k in keys}))
 
 

@@ -1,7 +1,7 @@
 """The controller where scale breaks it: the open-file limit, bounded collection, the manifest's layout.
 
 The file-limit tests start the real controller as a process with a low
-RLIMIT_NOFILE (set in the child before exec) and 512 stand-in ranks (torch
+RLIMIT_NOFILE (set in the child before exec) and 256 stand-in ranks (torch
 TCPStore clients, which is what the controller must hold open). The
 collection tests use one in-process store; the manifest tests feed a file
 the controller wrote to every reader in the repository.
@@ -31,7 +31,7 @@ from clusterctl.runtime import collect, filelimit, registration, rendezvous  # n
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 
 TOKEN = "scale-token"
-WORLD = 512
+WORLD = 256
 GPN = 8
 HOSTS = [f"n{i}" for i in range(WORLD // GPN)]
 
@@ -127,13 +127,13 @@ def all_ranks(attempt: Path, port: int, threads: int = 32) -> dict[int, object]:
 
 
 @pytest.fixture(scope="module")
-def judged_512(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
-    """A controller started with a soft limit of 256 (hard: this host's) judging 512 ranks."""
+def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    """A controller started with a soft limit of 128 (hard: this host's) judging 256 ranks."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < filelimit.needed_files(WORLD, len(HOSTS)) + WORLD + 64:
-        pytest.skip(f"this host's hard open-file limit ({hard}) cannot hold 512 ranks and their clients")
-    attempt = make_run(tmp_path_factory.mktemp("judged"), timeout_s=120)  # room for 512 clients on a loaded machine
-    proc, port = start_controller(attempt, (256, hard))
+        pytest.skip(f"this host's hard open-file limit ({hard}) cannot hold {WORLD} ranks and their clients")
+    attempt = make_run(tmp_path_factory.mktemp("judged"), timeout_s=120)  # room for the clients on a loaded machine
+    proc, port = start_controller(attempt, (128, hard))
     try:
         results = all_ranks(attempt, port)
     finally:
@@ -141,10 +141,10 @@ def judged_512(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, st
     return attempt, results, out + f"\nexit {code}"
 
 
-def test_a_controller_started_with_a_soft_limit_of_256_judges_512_ranks(judged_512: tuple[Path, dict, str]) -> None:
-    attempt, results, out = judged_512
+def test_a_controller_started_with_a_soft_limit_of_128_judges_256_ranks(judged: tuple[Path, dict, str]) -> None:
+    attempt, results, out = judged
     assert len(results) == WORLD and all(isinstance(v, dict) and v["ok"] for v in results.values()), out
-    assert "open-file limit raised from 256 to" in out, out
+    assert "open-file limit raised from 128 to" in out, out
     assert json.loads((attempt / "verdict.json").read_text())["ok"] is True
     assert "rendezvous timings" in out and "exit 0" in out, out
 
@@ -171,12 +171,12 @@ def test_a_hard_limit_below_the_world_refuses_at_once_and_says_what_to_ask_for(t
     assert "rendezvous refused" in out and not (attempt / "manifest.json").exists()
 
 
-def test_the_manifest_reads_the_same_through_every_reader(judged_512: tuple[Path, dict, str]) -> None:
+def test_the_manifest_reads_the_same_through_every_reader(judged: tuple[Path, dict, str]) -> None:
     from clusterctl.qualify.faultdrill import wait_for_attempt
     from clusterctl.views.chrometrace import build_trace
     from clusterctl.views.record import load
 
-    attempt, _, out = judged_512
+    attempt, _, out = judged
     path = attempt / rundir.MANIFEST
     lines = path.read_bytes().splitlines()
     assert len(lines) == WORLD + 2 and lines[0].endswith(b'"ranks":[') and lines[-1] == b"]}", out  # one rank per line

@@ -104,6 +104,8 @@ def test_drill_names_the_culprit_of_a_torch_job(
 
 
 def test_drill_losing_a_node_blames_the_node_not_its_peers(backend: str, tmp_path: Path) -> None:
+    if backend == "slurm":
+        pytest.skip("on the Slurm test cluster a lost node is drilled by test_recovery_e2e (verdict 86, then the continuation)")
     done = submit(backend, tmp_path, "drill-node")
     attempt = done.run.attempt(1)
     deadline = time.monotonic() + 120

@@ -1,7 +1,7 @@
 """Recovery without a human, end to end: torch ranks, faults from outside, the run's own record.
 
-Each case submits the reference trainer (2 ranks: 2 nodes x 1 GPU, a tiny
-model, a checkpoint every 10 steps) on the local backend and on the real
+Each case submits the reference trainer, or a user's own DDP script with the
+Contract (2 ranks: 2 nodes x 1 GPU, a tiny model, a checkpoint every 10 steps) on the local backend and on the real
 Slurm test cluster, injects a fault with `clusterctl drill` (or scancel,
 or `clusterctl cancel`), and asserts what a user checks afterwards: how the
 next attempt began (attempts.jsonl `next`), on which nodes, from which step
@@ -30,6 +30,7 @@ from clusterctl.rundir import RunDir, history
 from clusterctl.rundir import verdict as verdictfile
 
 INTERVAL = 10  # checkpoint.interval, steps
+CONTRACT_DDP = Path(__file__).resolve().parents[1] / "examples" / "own-script" / "train_ddp_contract.py"
 
 
 def submit(backend: str, tmp_path: Path, name: str, steps: int = 60, **extra: Any) -> Submitted:
@@ -113,7 +114,8 @@ def nothing_left(backend: str, run: RunDir) -> None:
 
 
 def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(backend: str, tmp_path: Path) -> None:
-    done = submit(backend, tmp_path, "rec-kill")
+    """A user's own DDP script with the Contract's few lines (examples/own-script/train_ddp_contract.py)."""
+    done = submit(backend, tmp_path, "rec-kill", command=["python3", str(CONTRACT_DDP)], env={"STEPS": "60", "BUSY_S": "0.05"})
     run = done.run
     past_a_checkpoint(run)
     report = drill(run, "--kill", "1")

@@ -81,6 +81,9 @@ def test_healthy_job_runs(backend: str, tmp_path: Path) -> None:
     assert all(r["versions"]["torch"] for r in manifest["ranks"])
 
 
+SLURM_FAULTS = ("never", "crash", "dup")  # what srun's launching decides; the rest is the controller's judgment alone
+
+
 @pytest.mark.parametrize(
     ("fault", "code", "expected"),
     [
@@ -95,6 +98,8 @@ def test_healthy_job_runs(backend: str, tmp_path: Path) -> None:
     ids=lambda v: v.split(":")[0] if isinstance(v, str) and ":" in v else None,
 )
 def test_startup_failure_names_rank_and_host(backend: str, tmp_path: Path, fault: str, code: int, expected: str) -> None:
+    if backend == "slurm" and fault.split(":")[0] not in SLURM_FAULTS:
+        pytest.skip("the controller's judgment of what the ranks registered is the same on every backend: run on local")
     info, verdict, log, events, run = run_job(backend, tmp_path, fault)
     h = hosts(run)
     text = expected.format(h0=h[0], h1=h[1])

@@ -64,6 +64,7 @@ def test_a_plain_ddp_loop_reports_every_step_and_the_waiting_rank_does_not_look_
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(8))
     assert all(isinstance(line["loss"], float) and line["tokens_per_s"] > 0 for line in lines), lines
+    assert all(line["schedule"] == {"lr": 0.01} for line in lines)  # a dict stays one
 
 
 def test_the_step_number_is_the_optimizers_own_count_after_a_resume() -> None:

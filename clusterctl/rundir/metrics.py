@@ -18,6 +18,7 @@ written before it have none).
     epoch         the data epoch
     val_loss      the validation loss, on steps that ran one
     target_reached  {step, seconds, val_loss} when validation first reached the target
+    watch_s       rank 0's time in the step watcher's own code so far this attempt (its overhead: watch_s / train_s)
     format        the layout's version: on the file's first line only
 
 `status` reads only the first and last lines and finds a step's line by
@@ -35,7 +36,7 @@ from typing import Any
 
 FIELDS = (
     "step", "loss", "loss_hex", "step_s", "compute_s", "tokens_per_s", "t", "train_s", "total_steps",
-    "data_s", "epoch", "val_loss", "target_reached", "format",
+    "data_s", "epoch", "val_loss", "target_reached", "watch_s", "format",
 )
 FORMAT = 2  # 1: files written before the first line said so (same records)
 _VALUE = {"step": rb"-?\d+", "total_steps": rb"-?\d+", "epoch": rb"-?\d+", "format": rb"\d+", "loss_hex": rb'"[^"\n]*"',

@@ -62,13 +62,13 @@ class StepWatch:
     """One rank's step reports: fed by torch's hooks (or a Contract), sent as heartbeats, written by rank 0."""
 
     def __init__(self, rank: int, world: int, beat: heartbeats.Heartbeat, metrics_path: Path | None, mode: str = "auto") -> None:
-        self.rank, self.world, self.beat, self.mode = rank, world, beat, mode
+        self.rank, self.world, self.beat = rank, world, beat
         self.clock = compute_clock()
         self.from_contract = mode == "contract"  # auto: until a Contract says it reports the steps
         self._metrics = MetricsWriter(metrics_path) if metrics_path is not None else None
         self._lock = threading.Lock()
         self._began: float | None = None  # the current step's start (compute clock)
-        self._began_wall: float | None = None
+        self._began_wall = 0.0  # the same on the wall clock
         self._waited = 0.0  # seconds waited in collectives in the current step
         self._optimizer: int | None = None  # id() of the optimizer whose steps count
         self._count = -1
@@ -91,9 +91,11 @@ class StepWatch:
 
     def note(self, phase: str) -> None:
         """The phase the rank is in, carried by the next liveness beat; the first one starts the first step."""
+        entered = time.perf_counter()
         self.beat.phase_name = phase
         if self._began is None:
             self.start()
+        self.own_s += time.perf_counter() - entered
 
     def record(self, values: dict[str, Any]) -> None:
         """Values for the current step's metrics line (rank 0 writes them; other ranks' are dropped)."""
@@ -104,11 +106,12 @@ class StepWatch:
         """The step ended: report it; its step and compute time."""
         entered = time.perf_counter()
         now = self.clock()
-        began = self._began if self._began is not None else now
+        if self._began is None:
+            self._began, self._began_wall = now, entered
         with self._lock:
             waited, self._waited = self._waited, 0.0
-        step_s = max(0.0, now - began)
-        compute_s = max(0.0, step_s - waited)
+        step_s = max(0.0, entered - self._began_wall)
+        compute_s = min(step_s, max(0.0, now - self._began - waited))
         self._count = step if step is not None else self._count + 1
         self.train_s += step_s
         self.beat.phase_name = "idle"
@@ -116,12 +119,12 @@ class StepWatch:
         if self._metrics is not None:
             self._flush()
             self._pending = {"step": self._count, "step_s": round(step_s, 6), "compute_s": round(compute_s, 6),
-                             "t": round(time.time(), 3), "train_s": round(self.train_s, 6), **self._recorded}
+                             "t": round(time.time(), 3), "train_s": round(self.train_s, 6), **self._recorded,
+                             "watch_s": round(self.own_s, 6)}
             self._recorded = {}
-            if all(isinstance(v, SCALARS) or v is None for v in self._pending.values()):
+            if not any(callable(getattr(v, "item", None)) for v in self._pending.values()):
                 self._flush()  # nothing to wait for: written now
-        self._began = self.clock()
-        self._began_wall = time.perf_counter()
+        self._began, self._began_wall = self.clock(), time.perf_counter()
         self.own_s += time.perf_counter() - entered
         return {"step": self._count, "step_s": step_s, "compute_s": compute_s}
 
@@ -152,14 +155,19 @@ class StepWatch:
         if id(optimizer) != self._optimizer or self.from_contract:
             self.beat.phase_name = "idle"
             return
-        self.step_done(optimizer_step(optimizer))
+        entered = time.perf_counter()
+        number = optimizer_step(optimizer)
+        self.own_s += time.perf_counter() - entered
+        self.step_done(number)
 
     def on_bucket_sent(self, last: bool) -> None:
+        entered = time.perf_counter()
         with self._lock:
             self._inflight += 1
             if last:
-                self._bucket_last = time.perf_counter()
+                self._bucket_last = entered
         self.beat.phase_name = "backward"
+        self.own_s += time.perf_counter() - entered
 
     def on_bucket_reduced(self) -> None:
         """A bucket's all-reduce finished (a communication thread): once all have, the wait after the last is known."""
@@ -170,12 +178,17 @@ class StepWatch:
             if self._inflight == 0 and self._bucket_last is not None:
                 self._waited += max(0.0, self._bucket_done - self._bucket_last)
                 self._bucket_last, self._bucket_done = None, 0.0
+            self.own_s += time.perf_counter() - now
 
 
 def plain(value: Any) -> Any:
-    """A recorded value as JSON takes it: a one-element tensor's number, else the value if it is a scalar."""
+    """A recorded value as JSON takes it: a one-element tensor's number; scalars, lists and dicts as they are."""
     if isinstance(value, SCALARS) or value is None:
         return value
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
     item = getattr(value, "item", None)
     if callable(item):
         try:
@@ -243,24 +256,34 @@ def _hook_optimizers(watch: StepWatch) -> None:
 
 
 def _hook_waits(watch: StepWatch) -> None:
-    """Every Work.wait() from Python: blocking collectives wait through it too."""
+    """Every Work.wait() of the training (main) thread: blocking collectives wait through it too.
+
+    Other threads' waits (an asynchronous checkpoint's writer on its own
+    group) are not the step's: they pass straight through.
+    """
     import torch.distributed as dist
 
     if not dist.is_available():
         return
     work = dist.Work
     original = work.wait
+    main = threading.main_thread()
 
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not main:
+            return original(self, *args, **kwargs)
+        entered = time.perf_counter()
         phase = watch.beat.phase_name
         watch.note("collective")
         t0 = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
-            watch.waited(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            watch.waited(t1 - t0)
             watch.beat.phase_name = phase
+            watch.own_s += (t0 - entered) + (time.perf_counter() - t1)
 
     work.wait = wait
 

@@ -1,5 +1,8 @@
 """A plain DDP training script: it imports nothing of clusterctl, and clusterctl watches it anyway.
 
+train_ddp_contract.py is the same script with the recovery contract added
+(`diff train_ddp.py train_ddp_contract.py` shows the few lines).
+
 Run by torchrun, by hand, or by clusterctl (examples/own-script/ddp.yaml): it
 reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://) as any
 torch.distributed script does. Under clusterctl every optimizer step is
@@ -37,9 +40,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     steps, busy_s = int(os.environ.get("STEPS", "200")), float(os.environ.get("BUSY_S", "0"))
     units = round(busy_s * busy_rate()) if busy_s > 0 else 0
-    generator = torch.Generator().manual_seed(rank)
+    began = time.perf_counter()
     for step in range(steps):
-        x = torch.randn(16, 32, generator=generator)
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(step * 1000 + rank))  # the step's batch
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
@@ -49,6 +52,8 @@ def main() -> None:
         optimizer.step()
         if rank == 0 and step % 50 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if rank == 0:
+        print(f"trained {steps} steps in {time.perf_counter() - began:.3f} s", flush=True)
     dist.destroy_process_group()
 
 

@@ -38,7 +38,7 @@ for step in range(8):
     loss = model(torch.ones(4, 8)).pow(2).mean()
     optimizer.zero_grad()
     loss.backward()
-    record(loss=loss.detach(), tokens=4)
+    record(loss=loss.detach(), tokens=4, schedule={"lr": 0.01})
     optimizer.step()
 stepwatch.current().close()
 dist.destroy_process_group()

@@ -1,0 +1,69 @@
+"""train_ddp.py with clusterctl's recovery contract: committed checkpoints, exact resume, pre-timeout saves.
+
+The lines marked `# clusterctl` are all it takes; without clusterctl (torchrun,
+by hand) the contract saves to ./checkpoints and resumes from there.
+
+Run by torchrun, by hand, or by clusterctl (examples/own-script/ddp.yaml): it
+reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://) as any
+torch.distributed script does. Under clusterctl every optimizer step is
+reported with its step and compute time, so hangs and stragglers are named.
+
+    STEPS=200        how many optimizer steps
+    BUSY_S=0.05      extra compute per step, in seconds (the same amount of work on every rank)
+"""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from clusterctl.trainer import Contract  # clusterctl
+
+
+def busy_rate(seconds: float = 0.3) -> float:
+    """Multiply-adds of a small matrix per second on this CPU, the mean over ranks (so all do the same work)."""
+    a = torch.randn(64, 64)
+    count, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        a = torch.tanh(a @ a)
+        count += 1
+    rate = torch.tensor([count / (time.perf_counter() - began)])
+    dist.all_reduce(rate)
+    return float(rate) / dist.get_world_size()
+
+
+def main() -> None:
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    steps, busy_s = int(os.environ.get("STEPS", "200")), float(os.environ.get("BUSY_S", "0"))
+    units = round(busy_s * busy_rate()) if busy_s > 0 else 0
+    contract = Contract(model, optimizer)  # clusterctl: checkpoint dir, interval and keep from the job spec
+    start = contract.resume()  # clusterctl: the newest committed checkpoint's step + 1, or 0
+    if rank == 0:
+        print(f"starting at step {start}", flush=True)
+    began = time.perf_counter()
+    for step in range(start, steps):
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(step * 1000 + rank))  # the step's batch
+        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        a = torch.eye(64)
+        for _ in range(units):  # the step's extra compute
+            a = torch.tanh(a @ a)
+        optimizer.step()
+        contract.after_step(step, loss=loss.detach())  # clusterctl: reports the step, saves on schedule
+        if rank == 0 and step % 50 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if rank == 0:
+        print(f"trained {steps - start} steps in {time.perf_counter() - began:.3f} s", flush=True)
+    contract.close()  # clusterctl: waits for an asynchronous save
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
