@@ -162,3 +162,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def dead_slurm_conf(conf: str | Path, path: Path) -> Path:
+    """The test cluster's slurm.conf naming a dead controller port, with 1 s timeouts: commands fail at once, not after 9 s."""
+    lines = [line for line in Path(conf).read_text().splitlines() if not line.startswith(("TCPTimeout=", "MessageTimeout="))]
+    lines = ["SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line for line in lines]
+    path.write_text("\n".join([*lines, "TCPTimeout=1", "MessageTimeout=1"]) + "\n")
+    return path

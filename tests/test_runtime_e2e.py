@@ -81,7 +81,7 @@ def test_healthy_job_runs(backend: str, tmp_path: Path) -> None:
     assert all(r["versions"]["torch"] for r in manifest["ranks"])
 
 
-SLURM_FAULTS = ("never", "crash", "dup")  # what srun's launching decides; the rest is the controller's judgment alone
+SLURM_FAULTS = ("never", "crash")  # what srun's launching decides; the rest is the controller's judgment alone
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from helpers import dead_slurm_conf
 
 from clusterctl.backends.base import JobInfo
 from clusterctl.backends.slurm import pyslurmprobe
@@ -215,9 +216,7 @@ def test_an_unreachable_controller_is_exit_69(way: str, slurm_lab: Any, tmp_path
     monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
     if way == "pyslurm":
         pyslurm_or_skip()
-    dead = tmp_path / "slurm.conf"
-    lines = Path(slurm_lab.conf).read_text().splitlines()
-    dead.write_text("\n".join("SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line for line in lines) + "\n")
+    dead = dead_slurm_conf(slurm_lab.conf, tmp_path / "slurm.conf")
     code = ("from clusterctl.backends.slurm.choose import choose_query\n"
             "from clusterctl.errors import ClusterctlError\n"
             "q = choose_query()\n"

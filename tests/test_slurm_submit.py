@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import dead_slurm_conf
 
 from clusterctl.actions.submit import submit_job
 from clusterctl.backends.slurm.backend import SlurmBackend
@@ -160,12 +161,7 @@ def test_slurm_refusal_names_slurms_reason_and_marks_the_run_failed(lab_env, tmp
 
 
 def test_unreachable_controller_is_exit_69(lab_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    conf = Path(lab_env.conf).read_text()
-    dead = tmp_path / "slurm.conf"
-    dead.write_text("\n".join(
-        "SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line for line in conf.splitlines()
-    ) + "\n")
-    monkeypatch.setenv("SLURM_CONF", str(dead))
+    monkeypatch.setenv("SLURM_CONF", str(dead_slurm_conf(lab_env.conf, tmp_path / "slurm.conf")))
     job = load_job(lab_spec(tmp_path))
     with pytest.raises(ClusterctlError) as err:
         submit_job(job, "slurm")

@@ -245,6 +245,8 @@ def test_an_exception_comes_back_with_its_traceback(backend: str, tmp_path: Path
 
 
 def test_a_checkpointable_function_resumes_after_the_pre_timeout_signal(backend: str, tmp_path: Path) -> None:
+    if backend == "local":
+        pytest.skip("the plugin's path is the same on both backends; the local backend's signal is test_recovery_e2e's")
     progress = tmp_path / "progress"
     job = executor(backend, tmp_path).submit(Count(), 60, str(progress))
     wait_for("counting", lambda: progress.exists() and int(progress.read_text() or 0) >= 3, job)

@@ -169,6 +169,8 @@ class Aggregator:
                 self.alive[rank] = msg
             else:
                 self.pending.append(msg)
+                if msg.get("kind") == "closed":
+                    self.send_batch()  # the rank's loop is done: its last steps go now, not at the next batch
 
     def watch(self, rank: int, pid: int) -> None:
         self.pids[rank] = pid
@@ -179,10 +181,14 @@ class Aggregator:
         self.pidfds[fd] = rank
 
     def rank_ended(self, fd: int) -> None:
+        """The rank's process ended: what it said last goes first (the attempt may end before the next batch)."""
         rank = self.pidfds.pop(fd)
         os.close(fd)
-        self.reported[rank] = "gone"
-        self.send({"kind": "gone", "node": self.node, "rank": rank, "pid": self.pids.get(rank), "t": time.time()})
+        if self.pending:
+            self.send_batch()
+        if self.reported.get(rank) != "gone":
+            self.reported[rank] = "gone"
+            self.send({"kind": "gone", "node": self.node, "rank": rank, "pid": self.pids.get(rank), "t": time.time()})
 
     def processes(self) -> dict[str, str]:
         states = {}
