@@ -62,7 +62,7 @@ def test_a_stopped_rank_is_named_within_seconds_with_the_survivors_stacks(job) -
     assert any(e["kind"] == "verdict" and e["code"] == 82 for e in mini.timeline())
 
 
-@pytest.mark.parametrize("factor", [1.5, 3.0])
+@pytest.mark.parametrize("factor", [1.5])  # 3x: the NVML case below
 def test_a_slowed_rank_is_named_a_straggler(job, factor: float) -> None:  # noqa: ANN001
     # One rank per node: two ranks on two cores compute side by side, so a rank run at 1/F of its
     # speed is F times slower. (Four ranks sharing two cores dilute it: the slowed rank gets a core

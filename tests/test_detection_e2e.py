@@ -68,6 +68,8 @@ def wait_finished(backend: str, done: Submitted, log: str) -> None:
 def test_drill_names_the_culprit_of_a_torch_job(
     backend: str, tmp_path: Path, script: str, fault: str, target: int, code: ExitCode
 ) -> None:
+    if (backend, script) == ("local", "trainer"):
+        pytest.skip("a killed rank on the local backend: test_recovery_e2e's killed-rank case (srun's own lines are Slurm's)")
     done = submit(backend, tmp_path, f"drill-{fault}", script)
     run = done.run
     how = f"{target}:1.5" if fault == "slow" else str(target)

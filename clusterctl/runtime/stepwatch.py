@@ -65,7 +65,8 @@ class StepWatch:
         self.rank, self.world, self.beat = rank, world, beat
         self.clock = compute_clock()
         self.from_contract = mode == "contract"  # auto: until a Contract says it reports the steps
-        self._metrics = MetricsWriter(metrics_path) if metrics_path is not None else None
+        self._metrics_path = metrics_path
+        self._metrics: MetricsWriter | None = None  # opened at the first line: a command with no steps leaves no file
         self._lock = threading.Lock()
         self._began: float | None = None  # the current step's start (compute clock)
         self._began_wall = 0.0  # the same on the wall clock
@@ -99,7 +100,7 @@ class StepWatch:
 
     def record(self, values: dict[str, Any]) -> None:
         """Values for the current step's metrics line (rank 0 writes them; other ranks' are dropped)."""
-        if self._metrics is not None:
+        if self._metrics_path is not None:
             self._recorded.update(values)
 
     def step_done(self, step: int | None = None) -> dict[str, float]:
@@ -116,7 +117,7 @@ class StepWatch:
         self.train_s += step_s
         self.beat.phase_name = "idle"
         self.beat.step_done(self._count, round(step_s, 6), round(compute_s, 6))
-        if self._metrics is not None:
+        if self._metrics_path is not None:
             self._flush()
             self._pending = {"step": self._count, "step_s": round(step_s, 6), "compute_s": round(compute_s, 6),
                              "t": round(time.time(), 3), "train_s": round(self.train_s, 6), **self._recorded,
@@ -130,7 +131,7 @@ class StepWatch:
 
     def _flush(self) -> None:
         """Write the previous step's line, reading its tensors now (the device finished them a step ago)."""
-        if self._pending is None or self._metrics is None:
+        if self._pending is None or self._metrics_path is None:
             return
         line = {k: plain(v) for k, v in self._pending.items()}
         tokens = line.pop("tokens", None)
@@ -138,6 +139,8 @@ class StepWatch:
             line["tokens_per_s"] = round(tokens * self.world / line["step_s"], 1)
         self._pending = None
         try:
+            if self._metrics is None:
+                self._metrics = MetricsWriter(self._metrics_path)
             self._metrics.write(line)
         except (OSError, TypeError, ValueError):
             pass  # metrics are not worth a failed step
@@ -146,7 +149,7 @@ class StepWatch:
         self._flush()
         if self._metrics is not None:
             self._metrics.close()
-            self._metrics = None
+        self._metrics = self._metrics_path = None
 
     # --- the hooks -------------------------------------------------------------
     def on_optimizer_step(self, optimizer: Any) -> None:
@@ -237,15 +240,6 @@ def install(rank: int, world: int, attempt: int, attempt_dir: str | None, mode: 
     _hook_waits(_WATCH)
     _hook_ddp(_WATCH)
     return _WATCH
-
-
-def install_from_env(mode: str = "auto") -> StepWatch | None:
-    """For a Contract in a process the launcher did not start (standalone mode, or outside clusterctl)."""
-    from clusterctl import envnames
-
-    rank = int(os.environ.get("RANK", "0") or 0)
-    return install(rank, int(os.environ.get("WORLD_SIZE", "1") or 1), int(os.environ.get(envnames.ATTEMPT, "0") or 0),
-                   os.environ.get(envnames.ATTEMPT_DIR), mode)
 
 
 def _hook_optimizers(watch: StepWatch) -> None:
