@@ -12,7 +12,8 @@ The watcher's cost: `watch_overhead` is rank 0's time in the step watcher's
 own code over its time in steps (metrics.jsonl `watch_s` / `train_s`) in the
 clean run; `watch_ab_overhead` (full run, the plain scripts only) is the
 step time of the same 0.02 s-step job with `watchdog.steps: auto` over the
-one with `off`, minus 1, as the script itself times them.
+one with `off`, minus 1, as the script itself times them: three pairs, run
+alternately, the median of each side (one pair alone is noise on 2 shared cores).
 
 * clean + hang: one job trains CLEAN steps (300; 40 with --quick) with no
   verdict allowed, then `drill --hang 1`: seconds from the SIGSTOP to the
@@ -129,9 +130,10 @@ def watch_overhead(attempt: Path) -> float | None:
         return None
 
 
-def timed_run(scratch: Path, script: str, steps_mode: str, steps: int) -> float | None:
+def timed_run(scratch: Path, script: str, steps_mode: str, steps: int, n: int) -> float | None:
     """Seconds per step of a short job, as the script itself times them (its last line on rank 0)."""
-    run = submit(scratch, f"ab-{steps_mode}", steps, script, 0.02, watchdog={"straggler_factor": 1.25, "steps": steps_mode})
+    run = submit(scratch, f"ab-{steps_mode}-{n}", steps, script, 0.02,
+                 watchdog={"straggler_factor": 1.25, "steps": steps_mode})
     log = run / "attempt-1" / "logs" / "node-0.log"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -216,7 +218,13 @@ def main() -> None:
                 result[key] = steps
                 result["false_verdicts"] += false
             if args.script != "trainer":
-                off, on = (timed_run(scratch, args.script, mode, 400) for mode in ("off", "auto"))
+                times: dict[str, list[float]] = {"off": [], "auto": []}
+                for n in range(3):
+                    for mode in ("off", "auto"):
+                        took = timed_run(scratch, args.script, mode, 400, n)
+                        if took:
+                            times[mode].append(took)
+                off, on = (sorted(t)[len(t) // 2] if t else None for t in times.values())
                 if off and on:
                     result["watch_ab_overhead"] = round(on / off - 1, 4)
                     show(f"A/B: {off * 1000:.2f} ms a step with watchdog.steps off, {on * 1000:.2f} ms with auto")
