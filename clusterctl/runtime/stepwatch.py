@@ -43,7 +43,6 @@ steps: its ranks get liveness, stacks and the end's blame only.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from pathlib import Path
