@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,report,submitit]'
 	# torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet --disable-pip-version-check 'torch==2.13.0' numpy
+	# The framework adapters' tests run the frameworks (torch is in place: nothing pulls another).
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[lightning,hf]'
 	# Megatron-Core serves as the reference for rank groups (tests only).
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps 'megatron-core==0.16.1'
 	# pyslurm (GPL-2.0, the optional fast query path) is not on the package index for Slurm 22.05:

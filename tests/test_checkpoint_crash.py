@@ -34,18 +34,18 @@ def test_kills_in_every_phase_leave_the_newest_committed_generation_loadable(tmp
     assert [k for k, _ in kinds] == [names.COMMITTED, names.COMMITTED], kinds
 
 
-def _commit_manifest_after_rename(ctx, tmp, step, token, manifest):  # the bug the protocol avoids
-    final = ctx.directory / names.committed(step)
+def _commit_manifest_after_rename(directory, tmp, step, token, manifest):  # the bug the protocol avoids
+    final = directory / names.committed(step)
     phases.enter(phases.RENAME, step)
     os.rename(tmp, final)
     phases.enter(phases.COMMITTED, step)
     protocol.manifest_mod.write(final, manifest)
-    durable.fsync_dir(ctx.directory)
+    durable.fsync_dir(directory)
     return final
 
 
 def test_the_drill_catches_a_protocol_that_commits_before_its_manifest(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(protocol, "_commit", _commit_manifest_after_rename)
+    monkeypatch.setattr(protocol, "commit", _commit_manifest_after_rename)
     report = drill.run(tmp_path, 12, seed=7, timed_fraction=0.0)
     assert any("torn committed generation" in f or "latest_committed is step" in f for f in report.failures), (
         report.failures

@@ -20,6 +20,9 @@ from clusterctl.checkpoint import durable, names, phases
 from clusterctl.checkpoint.checksums import ShardDigest
 
 FORMAT = "clusterctl-checkpoint/1"
+# `mode` of a generation whose files a framework wrote (filesets.py): "files:lightning", "files:hf".
+# Such a generation has no DCP index; the Checkpointer's own are "sync" or "async".
+FILES_MODE = "files:"
 
 
 class ManifestError(Exception):
@@ -46,8 +49,13 @@ def build(
     state_keys: Iterable[str],
     layout: dict[str, Any] | None,
     spec_hash: str,
+    world_size: int | None = None,
 ) -> dict[str, Any]:
-    """The manifest of one generation; `extras` and `digests` are indexed by rank."""
+    """The manifest of one generation; `extras` and `digests` are indexed by rank.
+
+    `world_size` defaults to one rank per extra; a framework's files (filesets.py) come from
+    one writer for a larger world.
+    """
     import torch
 
     shards: dict[str, dict[str, Any]] = {}
@@ -60,7 +68,7 @@ def build(
         "step": step,
         "epoch": _global_fact(first, "epoch", "epoch"),
         "data_position": _global_fact(first, "data_position", "position"),
-        "world_size": len(extras),
+        "world_size": len(extras) if world_size is None else world_size,
         "layout": layout or {},
         "spec_hash": spec_hash,
         "mode": mode,

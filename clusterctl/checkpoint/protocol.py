@@ -129,19 +129,22 @@ def _write_shards(ctx: Context, tmp: Path, step: int, state: dict[str, Any]) -> 
     return writer.digests
 
 
-def _commit(ctx: Context, tmp: Path, step: int, token: str, manifest: dict[str, Any]) -> Path:
-    """Coordinator only: manifest, fsyncs, rename. Returns the committed path."""
+def commit(directory: Path, tmp: Path, step: int, token: str, manifest: dict[str, Any]) -> Path:
+    """Coordinator only: manifest, fsyncs, rename. Returns the committed path.
+
+    (Also the last part of a framework's save: checkpoint/filesets.py.)
+    """
     manifest_mod.write(tmp, manifest)
     phases.enter(phases.DIR_FSYNC, step)
     durable.fsync_dir(tmp)
-    final = ctx.directory / names.committed(step)
-    for later in [s for s in committed_steps(ctx.directory) if s >= step]:
-        os.rename(ctx.directory / names.committed(later), ctx.directory / names.superseded(later, token))
+    final = directory / names.committed(step)
+    for later in [s for s in committed_steps(directory) if s >= step]:
+        os.rename(directory / names.committed(later), directory / names.superseded(later, token))
     phases.enter(phases.RENAME, step)
     os.rename(tmp, final)
     phases.enter(phases.COMMITTED, step)
     phases.enter(phases.PARENT_FSYNC, step)
-    durable.fsync_dir(ctx.directory)
+    durable.fsync_dir(directory)
     return final
 
 
@@ -184,7 +187,7 @@ def save_generation(
                     layout=ctx.layout,
                     spec_hash=ctx.spec_hash,
                 )
-                final = _commit(ctx, tmp, step, token, manifest)
+                final = commit(ctx.directory, tmp, step, token, manifest)
                 outcome = ("ok", (str(final), manifest))
             except Exception as exc:  # noqa: BLE001 - every rank must hear about it
                 shutil.rmtree(tmp, ignore_errors=True)

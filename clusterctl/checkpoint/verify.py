@@ -44,9 +44,9 @@ def verify(generation_or_path: Generation | str | Path) -> list[str]:
             problems.append(
                 f"{path.name}: shard {label} is corrupt: checksum {checksum}, the manifest says {entry.get('checksum')}"
             )
-    if names.DCP_METADATA not in listed:
+    if names.DCP_METADATA not in listed and not str(manifest.get("mode", "")).startswith(manifest_mod.FILES_MODE):
         problems.append(f"{path.name}: the manifest lists no {names.DCP_METADATA} (DCP's index)")
-    for extra in sorted(p.name for p in path.iterdir() if p.is_file()):
+    for extra in sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()):
         if extra not in listed and extra != names.MANIFEST:
             problems.append(f"{path.name}: file {extra} is not in the manifest")
     return problems

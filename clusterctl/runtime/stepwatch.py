@@ -102,8 +102,19 @@ class StepWatch:
         if self._metrics_path is not None:
             self._recorded.update(values)
 
-    def step_done(self, step: int | None = None) -> dict[str, float]:
-        """The step ended: report it; its step and compute time."""
+    def amend(self, values: dict[str, Any]) -> None:
+        """Values for the step that just ended, when they come after it (a framework logs after its step
+        callback): they join its line while it is held, else the next one."""
+        if self._metrics_path is None:
+            return
+        if self._pending is not None:
+            self._pending.update(values)
+        else:
+            self._recorded.update(values)
+
+    def step_done(self, step: int | None = None, *, hold: bool = False) -> dict[str, float]:
+        """The step ended: report it; its step and compute time. `hold` keeps its metrics line
+        open for `amend` until the next step ends."""
         entered = time.perf_counter()
         now = self.clock()
         if self._began is None:
@@ -122,7 +133,7 @@ class StepWatch:
                              "t": round(time.time(), 3), "train_s": round(self.train_s, 6), **self._recorded,
                              "watch_s": round(self.own_s, 6)}
             self._recorded = {}
-            if not any(callable(getattr(v, "item", None)) for v in self._pending.values()):
+            if not hold and not any(callable(getattr(v, "item", None)) for v in self._pending.values()):
                 self._flush()  # nothing to wait for: written now
         self._began, self._began_wall = self.clock(), time.perf_counter()
         self.own_s += time.perf_counter() - entered

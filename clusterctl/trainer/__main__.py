@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from clusterctl.trainer.contract import run_settings
 from clusterctl.trainer.loop import TrainConfig, train
+from clusterctl.trainer.settings import run_settings
 
 
 def config_from(argv: list[str] | None = None) -> TrainConfig:

@@ -35,10 +35,8 @@ directly (standalone scripts).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -48,19 +46,9 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames, rundir
-from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import runjson
-from clusterctl.rundir.runjson import CheckpointRecord, RunJson
 from clusterctl.runtime import heartbeat as heartbeats
-from clusterctl.runtime import registration
-
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
-
-
-def run_settings() -> RunJson | None:
-    """run.json when running under clusterctl, else None."""
-    run_dir = os.environ.get(envnames.RUN_DIR)
-    return runjson.load(Path(run_dir)) if run_dir else None
+from clusterctl.runtime.stoprequest import StopRequest, exit_stopped
+from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
 
 
 def rng_state() -> dict[str, str]:
@@ -116,42 +104,26 @@ class Contract:
         from clusterctl.checkpoint import Checkpointer
         from clusterctl.runtime import stepwatch
 
-        run = run_settings()
-        ckpt = run.checkpoint if run is not None else CheckpointRecord()
-        run_dir = os.environ.get(envnames.RUN_DIR)
-        default_dir = run.checkpoint_dir(Path(run_dir)) if run is not None and run_dir else Path("checkpoints")
-        self.directory = Path(directory or default_dir)
-        configured = ckpt.interval
-        # interval: auto -> the plan's Young/Daly seconds, turned into steps once step times are known.
-        self.auto_interval_s = ckpt.auto_interval_s if configured == "auto" and not interval else None
-        self.interval: int | None = interval or (configured if isinstance(configured, int) else None)
-        if self.interval is None and self.auto_interval_s is None:
-            self.interval = 1000
-        self._step_marks: list[float] = []
-        self.asynchronous = ckpt.async_ if asynchronous is None else asynchronous
+        self.settings = loop_settings(directory=directory, interval=interval, keep=keep, asynchronous=asynchronous)
+        self.directory = self.settings.directory
+        self.asynchronous = self.settings.asynchronous
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.heartbeat = heartbeats.shared(self.rank, int(os.environ.get(envnames.ATTEMPT, "0") or 0))
-        mode = run.watchdog.steps if run is not None else "auto"
-        self.watch = stepwatch.current() or stepwatch.install(
-            self.rank, self.world, int(os.environ.get(envnames.ATTEMPT, "0") or 0),
-            str(metrics_dir or os.environ.get(envnames.ATTEMPT_DIR) or "") or None, mode,
-        )
+        self.schedule = SaveSchedule(self.settings, self._agree_on, self.rank)
+        self.heartbeat = heartbeats.shared(self.rank, attempt())
+        self.watch = attach_watch(self.rank, self.world, self.settings, metrics_dir)
         if self.watch is not None:
-            self.watch.from_contract = True  # after_step says which step it is; the hooks only time it
             stepwatch.adopt(model)
         self.checkpointer = Checkpointer(
             self.directory,
-            keep=keep or ckpt.keep,
+            keep=self.settings.keep,
             rank=self.rank,
             world_size=self.world,
-            spec_hash=run.spec_hash if run is not None else "",
-            layout=dataclasses.asdict(run.parallel) if run is not None else None,
+            spec_hash=self.settings.spec_hash,
+            layout=self.settings.layout,
         )
-        self._stop_local = False
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_signal)
+        self.stop = StopRequest(self.rank)
         self.last_saved: int | None = None
 
     # --- state --------------------------------------------------------------------
@@ -257,7 +229,7 @@ class Contract:
                 for key, value in facts.items():
                     if replace or key not in merged:
                         merged[key] = value
-            record["attempt"] = int(os.environ.get(envnames.ATTEMPT, "0") or 0)
+            record["attempt"] = attempt()
             record["written_by"] = "rank 0 (clusterctl.trainer.Contract)"
             record["time"] = round(time.time(), 3)
             rundir.write_json_atomic(path, record)
@@ -272,23 +244,9 @@ class Contract:
         self.last_saved = step
 
     # --- the per-step hook -----------------------------------------------------------
-    def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
-        self._stop_local = True
-
-    def _stop_requested_here(self) -> bool:
-        if self._stop_local:
-            return True
-        if self.rank == 0:
-            from clusterctl.runtime import rendezvous
-
-            store = rendezvous.CURRENT_STORE
-            if store is not None and store.check([registration.STOP]):
-                self._stop_local = True
-        return self._stop_local
-
     def stop_agreed(self) -> bool:
         """Whether any rank was asked to stop: one all-reduce, so every rank answers alike."""
-        wanted = self._stop_requested_here()
+        wanted = self.stop.here()
         if not dist.is_initialized():
             return wanted
         device = next(self.model.parameters()).device
@@ -321,32 +279,18 @@ class Contract:
             if self.last_saved != step:
                 self.save(step, asynchronous=False)
             self.checkpointer.wait()
-            if self.rank == 0:
-                print(f"clusterctl: stop requested; step {step} committed, exiting {int(ExitCode.PRE_TIMEOUT)}", flush=True)
             self.close()
-            raise SystemExit(int(ExitCode.PRE_TIMEOUT))
-        if self.interval is None:
-            self._learn_interval()
-        if self.interval is not None and (step + 1) % self.interval == 0:
+            exit_stopped(self.rank, step)
+        if self.schedule.due(step):
             self.save(step)
 
-    def _learn_interval(self, warmup: int = 5) -> None:
-        """For `interval: auto`: the Young/Daly seconds over the median step time, once known."""
-        self._step_marks.append(time.perf_counter())
-        if len(self._step_marks) <= warmup:
-            return
-        gaps = sorted(b - a for a, b in zip(self._step_marks, self._step_marks[1:]))
-        median = gaps[len(gaps) // 2]
-        steps = max(1, round(float(self.auto_interval_s or 0) / max(median, 1e-6)))
-        # Every rank must pick the same interval: rank 0's choice, broadcast.
-        if dist.is_initialized():
-            device = next(self.model.parameters()).device
-            chosen = torch.tensor([steps], dtype=torch.int64, device=device)
-            dist.broadcast(chosen, src=0)
-            steps = int(chosen.item())
-        self.interval = steps
-        if self.rank == 0:
-            print(f"clusterctl: checkpoint interval auto: every {steps} steps (~{self.auto_interval_s:.0f} s)", flush=True)
+    def _agree_on(self, value: int) -> int:
+        """Rank 0's value, on every rank (so that every rank picks the same interval)."""
+        if not dist.is_initialized():
+            return value
+        chosen = torch.tensor([value], dtype=torch.int64, device=next(self.model.parameters()).device)
+        dist.broadcast(chosen, src=0)
+        return int(chosen.item())
 
     def close(self) -> None:
         self.checkpointer.wait()

@@ -193,7 +193,7 @@ def calibrate_busy(seconds: float, device: torch.device, world: int) -> float:
 
 def check_layout() -> None:
     """The reference trainer is data parallel only: refuse a plan that asks for more."""
-    from clusterctl.trainer.contract import run_settings
+    from clusterctl.trainer.settings import run_settings
 
     run = run_settings()
     par = run.parallel.sizes() if run is not None else {}

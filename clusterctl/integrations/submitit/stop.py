@@ -34,12 +34,12 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit.paths import save_pickle
 from clusterctl.rundir import RunDir, history, runjson
 from clusterctl.runtime import registration
+from clusterctl.runtime.stoprequest import STOP_SIGNALS
 
 POLL_S = 0.2  # how often the stop flag is looked at: one tiny store round trip
 DECISION = registration.PREFIX + "submitit/decision"  # rank 0's `go` or `stay`, for the other ranks
 PEER_WAIT_S = 60.0  # how long other ranks wait for rank 0's decision (its checkpoint() may take a while)
 SIGNAL_EVENT_WAIT_S = 2.0  # the batch shell records the signal before it tells the controller
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
 
 @dataclass(frozen=True)

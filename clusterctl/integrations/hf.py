@@ -1,0 +1,97 @@
+"""The Hugging Face Trainer under clusterctl: step reports, committed checkpoints, resume, 85 on a stop.
+
+    from transformers import Trainer
+    from clusterctl.integrations.hf import ClusterctlCallback
+
+    cc = ClusterctlCallback()                            # checkpoint dir, interval, keep from the job spec
+    trainer = Trainer(model, args, train_dataset=data, callbacks=[cc])
+    trainer.train(resume_from_checkpoint=cc.resume_from())   # the newest committed checkpoint, or None
+
+What the callback does:
+* one step report per optimizer step (`on_step_end`), with what the
+  Trainer logs for it (`loss`, `learning_rate`, `grad_norm`: set
+  `logging_steps` to how often you want them) in rank 0's metrics.jsonl;
+* a save every `checkpoint.interval` steps (`control.should_save`), on top of
+  the Trainer's own `save_strategy`; on a stop request (pre-timeout,
+  preemption, `clusterctl requeue`) `should_save` and
+  `should_training_stop`, then, once the save is committed, exit 85;
+* every checkpoint the Trainer writes (its folder `checkpoint-N` under
+  `output_dir`) is moved into `<checkpoint dir>/step-(N-1)` and committed
+  there (fsync, manifest, rename); `checkpoint.keep` decides what is kept.
+  Step N-1 because clusterctl counts steps from 0 and the Trainer's
+  `global_step` counts steps done.
+`output_dir` must be on storage every rank writes to (each writes its RNG
+state there), as the checkpoint directory is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from clusterctl.checkpoint.filesets import move_into
+from clusterctl.integrations.framework import FrameworkLoop, agree_max
+
+LOGGED = ("loss", "learning_rate", "grad_norm")  # what the Trainer logs that metrics.jsonl keeps
+
+
+class ClusterctlCallback(TrainerCallback):
+    """The Trainer's hooks, doing the Contract's duties (integrations/framework.py)."""
+
+    def __init__(self, *, directory: str | Path | None = None, interval: int | None = None, keep: int | None = None) -> None:
+        self.loop = FrameworkLoop("hf", directory=directory, interval=interval, keep=keep)
+        self._stopping = False
+
+    def resume_from(self) -> str | None:
+        """The newest committed checkpoint's folder, for `trainer.train(resume_from_checkpoint=...)`."""
+        generation = self.loop.resume_generation()
+        return str(generation.path) if generation is not None else None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.loop.steps_begin()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step - 1
+        self.loop.step_done(step, hold=True)  # the Trainer logs this step's loss after this hook
+        save, stop = self.loop.decide(step, agree_max)
+        if save:
+            control.should_save = True
+            self.loop.saving(step)
+        if stop:
+            control.should_training_stop = True
+            self._stopping = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        values = {k: v for k, v in (logs or {}).items() if k in LOGGED}
+        if values:
+            self.loop.logged(values)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Every rank has written its part of `checkpoint-N`: rank 0 commits it, the others wait for the outcome."""
+        import torch.distributed as dist
+
+        step = state.global_step - 1
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if dist.is_initialized():
+            dist.barrier()
+        error = None
+        if self.loop.rank == 0:
+            try:
+                self.loop.commit(step, move_into(folder))
+            except OSError as exc:
+                error = f"committing {folder} as step {step} failed: {exc}"
+        if dist.is_initialized():
+            box = [error]
+            dist.broadcast_object_list(box, src=0)
+            error = box[0]
+        if error is not None:
+            raise RuntimeError(f"clusterctl: {error}")
+        self.loop.saved(step)
+        if self._stopping:
+            self.loop.exit_stopped(step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.loop.close()

@@ -1,0 +1,51 @@
+"""Whether this rank has been asked to stop (save, commit, exit 85): the one test every training loop makes.
+
+A stop comes two ways: the controller sets the rendezvous store's stop key
+when the batch shell traps the pre-timeout signal or a preemption (rank 0
+reads it; the loop then agrees with its peers in one all-reduce), or a stop
+signal (SIGUSR2, SIGTERM) reaches the rank itself, as it does for a script
+run by hand or by torchrun. The Contract and the Lightning and Hugging Face
+adapters all ask here.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, NoReturn
+
+from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime import registration
+
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+class StopRequest:
+    """A stop asked of this rank; install once per process (it takes over the stop signals)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.signalled = False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        self.signalled = True
+
+    def here(self) -> bool:
+        """Whether this rank was asked: a stop signal, or (rank 0) the controller's stop key."""
+        if self.signalled:
+            return True
+        if self.rank == 0:
+            from clusterctl.runtime import rendezvous
+
+            store = rendezvous.CURRENT_STORE
+            if store is not None and store.check([registration.STOP]):
+                self.signalled = True
+        return self.signalled
+
+
+def exit_stopped(rank: int, step: int) -> NoReturn:
+    """After the stop's save has committed `step`: exit 85 (every rank), so the run continues in a new job."""
+    if rank == 0:
+        print(f"clusterctl: stop requested; step {step} committed, exiting {int(ExitCode.PRE_TIMEOUT)}", flush=True)
+    raise SystemExit(int(ExitCode.PRE_TIMEOUT))

@@ -1,0 +1,89 @@
+"""The Lightning and Hugging Face examples under clusterctl, end to end: a real tiny model, 2 ranks, faults from outside.
+
+Each framework's example (examples/own-script/) runs as a user would run it,
+with the adapter's few lines, 2 nodes x 1 GPU, a checkpoint every 10 steps.
+A pre-timeout stop (`clusterctl drill --pre-timeout`) must save, commit and
+exit 85, and the continuation job resume right after the committed step; a
+killed rank in the continuation (`drill --kill 1`) must restart in the
+allocation from the newest committed step; the run then finishes. What a
+user checks: the steps in metrics.jsonl, `clusterctl status`, and
+`clusterctl checkpoints` listing the framework's own checkpoints, verified.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import BACKEND_SITES
+from helpers import cli
+from test_recovery_e2e import drill, first_step, nexts, nothing_left, run_stopped, status, story, wait_for
+
+from clusterctl import rundir
+from clusterctl.actions.submit import submit_job
+from clusterctl.exitcodes import ExitCode
+from clusterctl.plan.job import load_job
+from clusterctl.rundir import RunDir, history
+
+pytestmark = pytest.mark.framework
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "own-script"
+INTERVAL, STEPS = 10, 60
+SCRIPTS = {"lightning": ("train_lightning.py", "lightning"), "hf": ("train_hf.py", "transformers")}
+
+
+def past_step(run: RunDir, attempt: int, step: int) -> None:
+    path = run.attempt(attempt) / rundir.METRICS
+
+    def far() -> bool:
+        lines = path.read_text().splitlines() if path.exists() else []
+        return bool(lines) and json.loads(lines[-1])["step"] >= step
+
+    wait_for(f"attempt {attempt} past step {step}", far, timeout=180, run=run)
+
+
+@pytest.mark.parametrize("framework", sorted(SCRIPTS))
+def test_a_framework_script_stops_in_time_resumes_after_a_kill_and_finishes(
+    backend: str, framework: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script, module = SCRIPTS[framework]
+    pytest.importorskip(module, reason=f"the {framework} extra is not installed")
+    monkeypatch.chdir(tmp_path)  # the ranks run here (the Trainer's output_dir is relative)
+    spec = {
+        "name": f"fw-{framework}", "site": BACKEND_SITES[backend], "time_limit": "20m", "nodes": 2, "gpus_per_node": 1,
+        "runs_root": str(tmp_path / "runs"), "checkpoint": {"interval": INTERVAL, "keep": 2},
+        "command": ["python3", str(EXAMPLES / script)], "env": {"STEPS": str(STEPS), "STEP_S": "0.03"},
+    }
+    (tmp_path / "job.yaml").write_text(json.dumps(spec))
+    done = submit_job(load_job(tmp_path / "job.yaml"), backend)
+    run = done.run
+
+    # A pre-timeout stop: every rank saves the same step, rank 0 commits it, all exit 85; a new job continues.
+    past_step(run, 1, INTERVAL + 2)
+    assert drill(run, "--pre-timeout")["code"] == ExitCode.PRE_TIMEOUT
+    stop = wait_for("the continuation", lambda: nexts(run), run=run)[0]
+    assert stop["how"] == history.NEXT_CONTINUATION and stop["exit"] == ExitCode.PRE_TIMEOUT, story(run)
+    last = json.loads((run.attempt(1) / rundir.METRICS).read_text().splitlines()[-1])["step"]
+    assert stop["committed_step"] == last, story(run)  # saved at the step where the ranks stopped
+    assert first_step(run, 2) == last + 1, story(run)
+
+    # A killed rank in the continuation: a restart in the same job, from the newest committed step.
+    past_step(run, 2, last + INTERVAL + 2)
+    assert drill(run, "--kill", "1")["code"] == ExitCode.SCRIPT_FAILED
+    end = wait_for("the run to finish", lambda: run_stopped(run), timeout=240, run=run)
+    killed = nexts(run)[1]
+    assert killed["how"] == history.NEXT_ALLOCATION and killed["exit"] == ExitCode.SCRIPT_FAILED, story(run)
+    committed = killed["committed_step"]
+    assert committed is not None and committed > last and (committed + 1) % INTERVAL == 0, killed
+    assert first_step(run, 3) == committed + 1, story(run)
+    assert end["how"] == history.NEXT_STOP and end["exit"] == 0, story(run)
+    nothing_left(backend, run)
+
+    st = status(run)
+    assert (st["state"], st["step"]) == ("completed", STEPS - 1), st
+    assert isinstance(st.get("loss"), float), st  # the loss the framework computed, from rank 0's metrics
+    listed = cli("checkpoints", str(run.path), "--verify", "--json")
+    assert listed.exit_code == 0, listed.output
+    generations = [g for g in json.loads(listed.stdout)["generations"] if g["kind"] == "committed"]
+    assert [g["step"] for g in generations] == [STEPS - 1, STEPS - INTERVAL - 1], generations  # keep: 2
+    assert all(not g["problems"] for g in generations), generations
