@@ -129,10 +129,11 @@ def test_a_rank_stopped_during_a_save_is_judged_on_the_save_timeout(job) -> None
 
 
 def test_a_clean_run_across_saves_and_evaluations_gives_no_verdict(job) -> None:  # noqa: ANN001
+    count = 32  # a save after step 20, an evaluation after step 25, the straggler window (20 steps) filled
     # Saves and evaluations far longer than the derived hang timeout (3 s here), a warm-up, and noise.
     # The spec's default straggler settings (factor 1.5, a 20-step window); the hang clock as above.
     mini = job(
-        steps=45, compute_s=0.1, settings=Settings(hang_timeout=30, save_timeout=8),
+        steps=count, compute_s=0.1, settings=Settings(hang_timeout=30, save_timeout=8),
         extra=["--save-every", "20", "--save-s", "4", "--eval-every", "25", "--eval-units", str(_units(4))],
     )
     blame = mini.end(timeout=180)
@@ -142,7 +143,7 @@ def test_a_clean_run_across_saves_and_evaluations_gives_no_verdict(job) -> None:
     phases = {e["phase"] for e in mini.timeline() if e["kind"] == "phase"}
     assert {"forward", "collective", "save", "eval", "idle"} <= phases
     steps = [e for e in mini.timeline() if e["kind"] == "step"]
-    assert len(steps) == 4 * 45 and all(e["compute_s"] > 0 and e["step_s"] >= e["compute_s"] for e in steps)
+    assert len(steps) == 4 * count and all(e["compute_s"] > 0 and e["step_s"] >= e["compute_s"] for e in steps)
 
 
 def test_a_straggler_verdict_carries_its_gpus_nvml_facts(job, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001

@@ -128,7 +128,8 @@ class ClusterctlCallback(Callback):
         save, stop = self.loop.decide(step, agree_max)
         if save:
             self.loop.saving(step)
-            trainer.save_checkpoint(self.loop.directory / f"step-{step}.ckpt")  # the path is CommittedCheckpointIO's
+            # The whole state (loops, callbacks, optimizers), as a resume needs; the path is CommittedCheckpointIO's.
+            trainer.save_checkpoint(self.loop.directory / f"step-{step}.ckpt", weights_only=False)
             self.loop.saved(step)
         if stop:
             self.loop.exit_stopped(step)

@@ -33,11 +33,11 @@ class RandomTokens(Dataset):
 def main() -> None:
     steps, gpu = int(os.environ.get("STEPS", "200")), torch.cuda.is_available()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32))
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=32, bos_token_id=0, eos_token_id=0))
     args = TrainingArguments(
         output_dir="hf-output", max_steps=steps, per_device_train_batch_size=8, learning_rate=1e-3,
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-        use_cpu=not gpu, ddp_backend=None if gpu else "gloo",
+        use_cpu=not gpu, ddp_backend=None if gpu else "gloo", ddp_find_unused_parameters=False,
     )
     cc = ClusterctlCallback()  # clusterctl: checkpoint dir, interval and keep from the job spec
     trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4096, 32, 64), callbacks=[cc])  # clusterctl
