@@ -11,7 +11,6 @@ local backend and the real Slurm test cluster) are in test_detection_e2e.py.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest

@@ -25,7 +25,6 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
 from clusterctl.rundir import history
 
-
 PLAIN_DDP = Path(__file__).resolve().parents[1] / "examples" / "own-script" / "train_ddp.py"
 TRAINER = ["python3", "-m", "clusterctl.trainer", "--steps", "100000", "--eval-interval", "0", "--step-compute-s", "0.1"]
 

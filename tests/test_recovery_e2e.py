@@ -173,6 +173,9 @@ def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path)
 
 
 def test_a_lost_node_without_a_spare_continues_in_a_new_job_that_excludes_it(backend: str, tmp_path: Path) -> None:
+    if backend == "local":
+        pytest.skip("the continuation that excludes a node is the batch host's recovery step, the same on both: run on"
+                    " the test cluster (the local backend's lost node: test_detection_e2e's)")
     done = submit(backend, tmp_path, "rec-node", steps=400)
     run = done.run
     past_a_checkpoint(run)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.sshlab.lab import ClientConfig, HostEntry, SshLab, generate_key, popen_as_laptop, run_as_laptop, write_client_config
+from tests.sshlab.lab import HostEntry, SshLab, generate_key, popen_as_laptop, run_as_laptop, write_client_config
 
 CLUSTERCTL = str(Path(sys.executable).with_name("clusterctl"))
 TRAIN = "import os, sys\nprint('shipped code', open('VERSION').read().strip(), 'on', os.environ.get('SLURMD_NODENAME'), flush=True)\n"
@@ -115,7 +115,7 @@ def test_through_a_jump_host_and_with_the_ssh_executable(laptop: dict[str, Any])
     # A config paramiko cannot honour (ControlMaster) sends the command to the ssh executable, and says so.
     cfg.write_text(cfg.read_text() + "\nHost viassh\n    HostName 127.0.0.1\n" + _block(cfg, "cluster") + "    ControlMaster auto\n"
                    "    ControlPath none\n")
-    env = {**laptop["env"], "PATH": f"/usr/bin:/bin"}
+    env = {**laptop["env"], "PATH": "/usr/bin:/bin"}
     one = spec(laptop, site="local", nodes=1, command=["python3", "train.py"])
     done = cli(laptop, "submit", str(one), "--wait", remote="viassh", env=env)
     assert done.returncode == 0, done.stdout + done.stderr

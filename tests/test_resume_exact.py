@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import free_port
 
 STEPS, INTERVAL = 40, 4  # commits after steps 3, 7, 11, ...

@@ -196,12 +196,12 @@ def test_local_backend_gives_the_same_rank_env(lab_env, tmp_path: Path, monkeypa
     from clusterctl.backends.local.backend import LocalBackend
 
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
-    seen = {}
-    for backend, site in (("slurm", "slurm-lab"), ("local", "local")):
+    seen, submitted = {}, {}
+    for backend, site in (("slurm", "slurm-lab"), ("local", "local")):  # both at once: they run side by side
         work = tmp_path / backend
         work.mkdir()
-        job = load_job(lab_spec(work, site=site))
-        done = submit_job(job, backend)
+        submitted[backend] = submit_job(load_job(lab_spec(work, site=site)), backend)
+    for backend, done in submitted.items():
         be = SlurmBackend() if backend == "slurm" else LocalBackend()
         deadline = time.monotonic() + 90
         while not ((info := be.info(done.job_id)) and info.finished):
