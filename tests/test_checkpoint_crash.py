@@ -16,7 +16,7 @@ from pathlib import Path
 from clusterctl.checkpoint import durable, latest_committed, list_generations, names, phases, protocol
 from clusterctl.testing import crashdrill as drill
 
-TRIALS = 60  # killed trials; runs whose kill point is not reached come on top
+TRIALS = 40  # killed trials; runs whose kill point is not reached come on top
 
 
 def test_kills_in_every_phase_leave_the_newest_committed_generation_loadable(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ TINY = {"batch": {"micro": 4, "grad_accum": 1}, "seq_len": 32, "precision": "fp3
 def spec(tmp_path: Path, site: str = "local", **qualify: Any) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps({"name": "qual", "site": site, "time_limit": "20m", "nodes": 2, "gpus_per_node": 1, **TINY,
-                                "qualify": {"steps": 24, "eval_interval": 8, "target_loss": 4.0, "long_s": 4,
+                                "qualify": {"steps": 24, "eval_interval": 8, "target_loss": 4.0, "long_s": 2,
                                             "data_samples": 192, **qualify}}))
     return path
 

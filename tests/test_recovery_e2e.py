@@ -122,11 +122,17 @@ def test_a_killed_rank_restarts_in_the_allocation_from_the_last_committed_step(b
     run = done.run
     past_a_checkpoint(run)
     report = drill(run, "--kill", "1")
-    assert report["code"] == ExitCode.SCRIPT_FAILED
+    assert report["code"] == ExitCode.SCRIPT_FAILED and report["culprit_right"] and report["seconds"] < 15, report
     stop = wait_for("the run to finish", lambda: run_stopped(run), run=run)
+    verdict = json.loads((run.attempt(1) / "verdict.json").read_text())  # the killed rank blamed, not its peer
+    hosts = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"]
+    assert [(c["rank"], c["host"]) for c in verdict["culprits"]] == [(1, hosts[1])] and verdict["evidence"]["how"] == "Killed"
+    # the survivor is named as reacting to the kill: the peer error it saw (gloo words it several ways:
+    # closed, reset, broken pipe, a store error) or srun's stop
+    assert [v["rank"] for v in verdict["victims"]] == [0], verdict
+    assert verdict["victims"][0]["reason"].startswith(("peer failure seen here:", "stopped by srun")), verdict
     first = nexts(run)[0]
     assert first["how"] == history.NEXT_ALLOCATION and first["exit"] == ExitCode.SCRIPT_FAILED and first["counted"]
-    hosts = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"]
     assert first["hosts"] == hosts  # a first script failure retries in place
     committed = first["committed_step"]
     assert committed is not None and (committed + 1) % INTERVAL == 0
