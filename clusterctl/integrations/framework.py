@@ -27,7 +27,7 @@ from typing import Any, Callable, NoReturn
 from clusterctl.checkpoint.filesets import commit_files
 from clusterctl.checkpoint.generations import Generation, latest_committed
 from clusterctl.runtime import heartbeat as heartbeats
-from clusterctl.runtime.stoprequest import StopRequest, exit_stopped
+from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
 from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
 
 
@@ -84,10 +84,9 @@ class FrameworkLoop:
         if self.watch is not None:
             self.watch.amend(values)
 
-    def decide(self, step: int, agree: Callable[[list[int]], list[int]]) -> tuple[bool, bool]:
-        """(save now, stop now) after `step`, the same on every rank: `agree` is an all-reduce MAX."""
-        wanted = [int(self.schedule.due(step)), int(self.stop.here())]
-        save, stop = agree(wanted) if self.world > 1 else wanted
+    def decide(self, step: int) -> tuple[bool, bool]:
+        """(save now, stop now) after `step`, the same on every rank: one all-reduce MAX."""
+        save, stop = agree_max([int(self.schedule.due(step)), int(self.stop.here())])
         return bool(save or stop), bool(stop)
 
     # --- saves ---------------------------------------------------------------------------
@@ -95,13 +94,11 @@ class FrameworkLoop:
         self.heartbeat.phase("save", step)
 
     def commit(self, step: int, fill: Callable[[Path], None]) -> Generation:
-        """Rank 0: commit the files `fill` puts in place as generation `step`."""
-        generation = commit_files(
+        """Rank 0: commit the files `fill` puts in place as generation `step` (`saved` then records it)."""
+        return commit_files(
             self.directory, step, fill, framework=self.framework, keep=self.settings.keep, world_size=self.world,
             spec_hash=self.settings.spec_hash, layout=self.settings.layout, owner=self.owner,
         )
-        self.last_committed = step
-        return generation
 
     def saved(self, step: int) -> None:
         """The save is over: the next step's time starts now."""
@@ -120,15 +117,3 @@ class FrameworkLoop:
             self.watch.close()
         self.heartbeat.close()
 
-
-def agree_max(values: list[int]) -> list[int]:
-    """An all-reduce MAX of a few small integers over the default process group (NCCL needs them on the GPU)."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return values
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    flags = torch.tensor(values, dtype=torch.int32, device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return [int(v) for v in flags.tolist()]

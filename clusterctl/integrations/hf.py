@@ -33,7 +33,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from clusterctl.checkpoint.filesets import move_into
-from clusterctl.integrations.framework import FrameworkLoop, agree_max
+from clusterctl.integrations.framework import FrameworkLoop
 
 LOGGED = ("loss", "learning_rate", "grad_norm")  # what the Trainer logs that metrics.jsonl keeps
 
@@ -56,7 +56,7 @@ class ClusterctlCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = state.global_step - 1
         self.loop.step_done(step, hold=True)  # the Trainer logs this step's loss after this hook
-        save, stop = self.loop.decide(step, agree_max)
+        save, stop = self.loop.decide(step)
         if save:
             control.should_save = True
             self.loop.saving(step)
@@ -81,8 +81,8 @@ class ClusterctlCallback(TrainerCallback):
         if self.loop.rank == 0:
             try:
                 self.loop.commit(step, move_into(folder))
-            except OSError as exc:
-                error = f"committing {folder} as step {step} failed: {exc}"
+            except Exception as exc:  # noqa: BLE001 - every rank waits for the outcome below: it must hear of it
+                error = f"committing {folder} as step {step} failed: {type(exc).__name__}: {exc}"
         if dist.is_initialized():
             box = [error]
             dist.broadcast_object_list(box, src=0)

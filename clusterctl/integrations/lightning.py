@@ -38,7 +38,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import ClusterEnvironment
 
 from clusterctl import envnames
-from clusterctl.integrations.framework import FrameworkLoop, agree_max
+from clusterctl.integrations.framework import FrameworkLoop
 
 CHECKPOINT_FILE = "lightning.ckpt"
 
@@ -125,7 +125,7 @@ class ClusterctlCallback(Callback):
         step = trainer.global_step - 1
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         self.loop.step_done(step, {"loss": loss.detach() if hasattr(loss, "detach") else loss})
-        save, stop = self.loop.decide(step, agree_max)
+        save, stop = self.loop.decide(step)
         if save:
             self.loop.saving(step)
             # The whole state (loops, callbacks, optimizers), as a resume needs; the path is CommittedCheckpointIO's.

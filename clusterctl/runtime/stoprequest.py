@@ -49,3 +49,16 @@ def exit_stopped(rank: int, step: int) -> NoReturn:
     if rank == 0:
         print(f"clusterctl: stop requested; step {step} committed, exiting {int(ExitCode.PRE_TIMEOUT)}", flush=True)
     raise SystemExit(int(ExitCode.PRE_TIMEOUT))
+
+
+def agree_max(values: list[int]) -> list[int]:
+    """An all-reduce MAX of a few small integers over the default process group (NCCL needs them on the GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return values
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flags = torch.tensor(values, dtype=torch.int32, device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return [int(v) for v in flags.tolist()]

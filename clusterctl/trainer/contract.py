@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from clusterctl import envnames, rundir
 from clusterctl.runtime import heartbeat as heartbeats
-from clusterctl.runtime.stoprequest import StopRequest, exit_stopped
+from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
 from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
 
 
@@ -246,13 +246,7 @@ class Contract:
     # --- the per-step hook -----------------------------------------------------------
     def stop_agreed(self) -> bool:
         """Whether any rank was asked to stop: one all-reduce, so every rank answers alike."""
-        wanted = self.stop.here()
-        if not dist.is_initialized():
-            return wanted
-        device = next(self.model.parameters()).device
-        flag = torch.tensor([1 if wanted else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return bool(agree_max([int(self.stop.here())])[0])
 
     def after_step(self, step: int, *, loss: Any = None, tokens: Any = None, **scalars: Any) -> dict[str, float]:
         """Report the step; save when the interval comes round; on a stop request save synchronously and exit 85.
