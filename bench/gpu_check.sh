@@ -9,7 +9,9 @@
 #    pinned memory), the default preflight (its gpu check reads NVML) and the aggregators' NVML sampling;
 #    checked: the verdict, the torch/CUDA/NCCL versions the ranks registered, bf16 autocast in the run
 #    record, a committed checkpoint, GPU samples in the timeline;
-# 3. `clusterctl qualify --up-to node` on the same site (the worker and node rungs).
+# 3. the plain DDP example (examples/own-script/train_ddp.py, imports nothing of clusterctl) on NCCL: its
+#    steps reported with compute time timed on the GPU's stream (metrics.jsonl `compute_on: cuda`);
+# 4. `clusterctl qualify --up-to node` on the same site (the worker and node rungs).
 # Without an NVIDIA GPU it says so and exits 0. Every step's output is kept under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -64,13 +66,32 @@ command: [python3, -m, clusterctl.trainer, --steps, "200", --eval-interval, "50"
 qualify: {steps: 40, long_s: 20}
 EOF
 step train 900 "${CLUSTERCTL[@]}" submit "$OUT/job.yaml" --backend local --wait
+cat >"$OUT/own.yaml" <<EOF
+name: gpu-own
+site: $OUT/site.yaml
+time_limit: 10m
+nodes: 1
+gpus_per_node: $GPUS
+runs_root: $OUT/runs
+command: [python3, $PWD/examples/own-script/train_ddp.py]
+env: {STEPS: "300", BUSY_S: "0.02"}
+EOF
+step own 300 "${CLUSTERCTL[@]}" submit "$OUT/own.yaml" --backend local --wait
 step qualify 900 "${CLUSTERCTL[@]}" qualify "$OUT/job.yaml" -o "$OUT/qualify" --up-to node --backend local
 
 "$PY" - "$OUT" "$GPUS" <<'EOF'
 import glob, json, os, sys
 out, gpus = sys.argv[1], int(sys.argv[2])
 rc = lambda name: int(open(f"{out}/{name}.rc").read().strip() or 1)
-found = {"gpu": True, "gpus": gpus, "probe_rc": rc("probe"), "train_rc": rc("train"), "qualify_rc": rc("qualify"), "out": out}
+found = {"gpu": True, "gpus": gpus, "probe_rc": rc("probe"), "train_rc": rc("train"), "own_rc": rc("own"),
+         "qualify_rc": rc("qualify"), "out": out}
+own = sorted(glob.glob(f"{out}/runs/gpu-own-*/attempt-1/metrics.jsonl"))
+if own:
+    lines = [json.loads(line) for line in open(own[-1])]
+    on_device = [r for r in lines if r.get("compute_on") == "cuda"]
+    found["own_script"] = {"steps": len(lines), "compute_on_cuda": len(on_device),
+                           "compute_s_p50": sorted(r["compute_s"] for r in on_device)[len(on_device) // 2] if on_device else None,
+                           "step_s_p50": sorted(r["step_s"] for r in lines)[len(lines) // 2] if lines else None}
 runs = sorted(glob.glob(f"{out}/runs/gpu-check-*"))
 if runs:
     run = runs[-1]

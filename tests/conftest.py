@@ -43,6 +43,12 @@ def cancel_slurm_jobs_under(tmp_path: Path) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _own_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test remembers its own runs roots (rundir/roots.py): a run id one test made never resolves in another."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture(autouse=True)
 def _no_local_jobs_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     """Cancel every local-backend job still active in a state directory under the test's tmp_path."""
     yield

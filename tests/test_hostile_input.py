@@ -191,6 +191,7 @@ def test_runs_root_with_an_unset_variable_is_refused(tmp_path: Path, monkeypatch
 
 def test_runs_root_expands_variables_and_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_TEST_SCRATCH", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()  # the file system; the runs root in it is created
     spec = write_yaml(tmp_path, quickstart(runs_root="${CLUSTERCTL_TEST_SCRATCH}/runs"))
     result = cli("submit", spec, "--dry-run", cwd=tmp_path)
     assert result.exit_code == 0, result.output

@@ -116,6 +116,14 @@ def test_rank_of_the_latest_attempt_without_label(run: Path) -> None:
     assert logs(str(run), "-r", "2", "-a", "1") == ["hello from 2", "Traceback (most recent call last):"]
 
 
+def test_the_latest_attempt_says_which_earlier_ones_failed_and_how_to_see_them(run: Path) -> None:
+    result = cli("logs", str(run), "--rank", "0")
+    assert result.exit_code == 0 and result.stdout.splitlines() == ["resumed at step 40"]
+    assert "note: showing attempt 3; attempt 1 (job 11) ended with exit 84" in result.stderr
+    assert "attempt 2" not in result.stderr and f"logs {run} --attempt 1" in result.stderr  # 85 was a planned stop
+    assert "note:" not in cli("logs", str(run), "--rank", "0", "--attempt", "3").stderr  # asked for: no note
+
+
 def test_rank_over_all_attempts_with_headers(run: Path) -> None:
     assert logs(str(run), "--rank", "3", "--attempt", "all") == [
         "==> attempt 1 (job 11) on node1, node2 <==",

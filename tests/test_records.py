@@ -88,7 +88,7 @@ def test_the_timeline_writers_lines_match_the_reports_patterns(tmp_path: Path) -
     assert json.loads(phase)["format"] == timeline.FORMAT and "format" not in json.loads(step)  # the first record says it
     assert list(json.loads(phase)) == list(timeline.LAYOUT["phase"])  # step_s is no phase key
     assert report_timeline._PHASE.findall(phase) == [(b"3", b"forward", b"1.25")]
-    assert report_timeline._STEP.findall(step) == [(b"3", b"7", b"0.5")]
+    assert report_timeline._STEP.findall(step) == [(b"3", b"7", b"0.5", b"0.25")]  # compute_s too: the heatmap colours it
     assert list(json.loads(gone)) == list(timeline.LAYOUT["gone"])[:-1]
     no_at = json.dumps(timeline.record(timeline.PHASE, 1.5, rank=3, node="n", step=7, phase="idle")).encode()
     assert report_timeline._PHASE_NO_AT.findall(no_at) == [(b"1.5", b"3", b"idle")]

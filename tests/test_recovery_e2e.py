@@ -172,7 +172,7 @@ def test_a_hung_rank_is_replaced_by_the_spare_node(backend: str, tmp_path: Path)
     after = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
     assert after["hosts"] == restart["hosts"] and after["job_id"] == done.job_id
     suspects = [json.loads(line) for line in (run.path.parent / "suspects.jsonl").read_text().splitlines()]
-    assert [(s["node"], s["code"], s["run"]) for s in suspects] == [(culprit, ExitCode.HANG, run.path.name)]
+    assert [(s["node"], s["code"], s["run"], s["drill"]) for s in suspects] == [(culprit, ExitCode.HANG, run.path.name, True)]
     result = cli("cancel", str(run.path), "--json")
     assert result.exit_code == 0, result.output
     nothing_left(backend, run)

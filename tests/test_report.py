@@ -188,6 +188,8 @@ def test_a_run_that_failed_in_preflight_still_gets_a_report(tmp_path: Path) -> N
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     assert "gpu-007" in result.output
+    assert "what it meant" in result.stdout and "job_id" not in result.stdout  # labels, not raw keys
+    assert result.stdout.count("gpu-007: GPU 3 missing") <= 1  # the culprit's sentence once
     page = (out / "index.html").read_text()
     assert "gpu-007" in page and "GPU 3 missing" in page
     for name in FILES:

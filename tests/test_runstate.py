@@ -20,6 +20,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, history, list_runs
 from clusterctl.rundir.metrics import MetricsFile
 from clusterctl.views.state import derive, derive_many, wanted_job
+from clusterctl.views.statetext import progress
 from tests.helpers import cli
 
 T0 = 1_800_000_000.0
@@ -110,6 +111,7 @@ def test_restart_in_the_allocation_keeps_what_was_committed_and_counts_the_rest_
     run.attempt(2, T0 + 30, 30, 99).end(2, 0, T0 + 69, history.NEXT_STOP, "training finished").checkpoint(29).checkpoint(99)
     st = derive(run.dir, {}, now=T0 + 1000)
     assert (st.state, st.exit_code, st.checkpoint, st.step) == ("completed", 0, 99, 99)
+    assert progress(st).startswith("all 100 steps done")  # not "step 99/100": steps count from 0
     first, second = st.attempts
     assert (first.exit_code, first.next, first.steps, first.kept_steps, first.kept_s) == (82, "allocation", 40, 30, 15.0)
     assert (second.first_step, second.kept_steps, second.kept_s, second.meaning) == (30, 70, 35.0, "success")
@@ -236,7 +238,7 @@ def test_status_and_runs_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert set(data["attempts"][0]) >= {"attempt", "job_id", "nodes", "start", "end", "exit_code", "meaning", "steps"}
     assert data["attempts"][0]["job_id"] == "local-7" and data["attempts"][0]["meaning"].startswith("restart budget exhausted")
     by_job = cli("status", "local-7")  # a job id finds its run
-    assert by_job.exit_code == 0 and "FAILED" in by_job.stdout and "culprit rank 3 on n2" in by_job.stdout
+    assert by_job.exit_code == 0 and "demo-20270115-120000-ab12  failed" in by_job.stdout and "culprit rank 3 on n2" in by_job.stdout
     listed = json.loads(cli("runs", "--json").stdout)
     assert [(r["run"], r["state"], r["attempts"]) for r in listed] == [(run.dir.path.name, "failed", 1)]
     missing = cli("status", "nope")
@@ -284,7 +286,7 @@ def test_status_watch_refreshes_until_the_run_ends(tmp_path: Path, monkeypatch: 
     finish.join()
     assert result.exit_code == 0, result.output
     assert 1.4 < time.monotonic() - began < 30
-    assert "COMPLETED" in result.stdout and "could not be asked" in result.stderr
+    assert "  completed" in result.stdout and "could not be asked" in result.stderr
 
 
 # --- what users saw go wrong, fixed ------------------------------------------------------------------------

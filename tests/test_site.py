@@ -24,7 +24,7 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterctl.config.site import LINUX_EPHEMERAL, load_site, shipped_sites
+from clusterctl.config.site import LINUX_EPHEMERAL, known_sites, load_site, shipped_sites
 from clusterctl.errors import OMIT
 from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
@@ -54,7 +54,7 @@ def test_every_shipped_site_validates(name: str) -> None:
 def test_sites_dir_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_yaml(tmp_path, minimal_site(), "extra-site.yaml")
     monkeypatch.setenv("CLUSTERCTL_SITES", str(tmp_path))
-    assert shipped_sites()["extra-site"] == tmp_path / "extra-site.yaml"
+    assert known_sites()["extra-site"] == tmp_path / "extra-site.yaml"
     site, _ = load_site("extra-site")
     assert site.name == "mini"
 

@@ -34,12 +34,16 @@ def imported(tmp_path: Path, *args: Any, name: str = "imported") -> tuple[dict[s
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     path = tmp_path / f"{name}.yaml"
-    path.write_text(result.stdout)
+    text = result.stdout
+    if "gpu_memory_gb: null" in text:  # an input that does not say: left for a person to write, as here
+        assert "gpu_memory_gb is left empty" in result.stderr
+        text = text.replace("gpu_memory_gb: null", "gpu_memory_gb: 80")
+    path.write_text(text)
     load_site(str(path))
     check = cli("site", "validate", path)
     assert check.exit_code == 0, check.output
     assert check.stdout.startswith(f"ok: site {name} (")
-    return yaml.safe_load(result.stdout), path, result.stderr
+    return yaml.safe_load(text), path, result.stderr
 
 
 def rail_map(data: dict[str, Any]) -> list[tuple[int, int, str, list[str]]]:
@@ -91,6 +95,18 @@ def test_fixture_imports_and_validates(tmp_path: Path, name: str) -> None:
     assert all(cpus) and sum(len(c) for c in cpus) == len(frozenset().union(*cpus)), "CPU sets overlap"
     assert all(g.nics and nt.nics[g.nics[0]].rail is not None for g in nt.gpus)
     assert site.partitions["gpu"].nodes == "gpu-[001-004]"
+
+
+def test_an_unknown_gpus_memory_is_left_empty_and_refused_until_written(tmp_path: Path) -> None:
+    result = cli("site", "import", "--name", "club", "--topo", fixture("2x-rtx5090-no-nic_club-3090-1229.txt"), "--nic", "eth0")
+    assert result.exit_code == 0, result.output
+    (nt,) = yaml.safe_load(result.stdout)["node_types"].values()
+    assert nt["gpu_memory_gb"] is None and "gpu_memory_gb is left empty" in result.stderr  # never a guess
+    (tmp_path / "club.yaml").write_text(result.stdout)
+    refused = cli("site", "validate", tmp_path / "club.yaml")
+    assert refused.exit_code == 65 and "gpu_memory_gb" in refused.stderr and "it is not set" in refused.stderr
+    (tmp_path / "club.yaml").write_text(result.stdout.replace("gpu_memory_gb: null", "gpu_memory_gb: 32"))
+    assert cli("site", "validate", tmp_path / "club.yaml").exit_code == 0
 
 
 def test_dgx_h100_rails_skip_the_storage_ports(tmp_path: Path) -> None:

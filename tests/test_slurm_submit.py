@@ -146,7 +146,7 @@ def test_no_sbatch_is_exit_69_and_writes_nothing(lab_env, tmp_path: Path, monkey
     assert not (tmp_path / "runs").exists()
 
 
-def test_slurm_refusal_names_slurms_reason_and_marks_the_run_failed(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
+def test_slurm_refusal_names_slurms_reason_and_leaves_no_run(lab_env, tmp_path: Path) -> None:  # noqa: ANN001
     site = (ROOT / "site-configs" / "slurm-lab.yaml").read_text().replace("  gpu:\n", "  nosuchpart:\n")
     (tmp_path / "site.yaml").write_text(site)
     job = load_job(lab_spec(tmp_path, site=str(tmp_path / "site.yaml")))
@@ -154,10 +154,7 @@ def test_slurm_refusal_names_slurms_reason_and_marks_the_run_failed(lab_env, tmp
         submit_job(job, "slurm")
     assert err.value.exit_code == ExitCode.BAD_CONFIG
     assert "Slurm rejected the job" in err.value.message and "partition" in err.value.message.lower()
-    (run_path,) = (tmp_path / "runs").iterdir()
-    state = RunDir(run_path).read_state()
-    assert state["state"] == "failed" and "partition" in state["reason"].lower()
-    assert not list((tmp_path / "runs").glob(".*.tmp"))
+    assert not list((tmp_path / "runs").iterdir())  # no job: no run to look at, nothing half-made
 
 
 def test_unreachable_controller_is_exit_69(lab_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
@@ -166,8 +163,8 @@ def test_unreachable_controller_is_exit_69(lab_env, tmp_path: Path, monkeypatch:
     with pytest.raises(ClusterctlError) as err:
         submit_job(job, "slurm")
     assert err.value.exit_code == ExitCode.BACKEND_UNAVAILABLE
-    (run_path,) = (tmp_path / "runs").iterdir()
-    assert RunDir(run_path).read_state()["state"] == "failed"
+    assert err.value.message.startswith("cannot reach slurmctld, nothing was submitted")  # told apart from a refusal
+    assert not list((tmp_path / "runs").iterdir())
 
 
 def test_a_job_slurm_will_never_start_is_flagged(lab_env, tmp_path: Path) -> None:  # noqa: ANN001

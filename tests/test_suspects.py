@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -297,15 +298,34 @@ def test_suspects_lists_active_ones_and_all_with_json(tmp_path: Path) -> None:
     listed = json.loads(cli("suspects", "--runs-root", str(root), "--json").stdout)
     assert [(r["node"], r["state"], r["code"], r["run"]) for r in listed] == [("gpu-1", "active", 83, "llama-7")]
     assert listed[0]["until"] == pytest.approx(listed[0]["time"] + 24 * HOUR)
-    assert set(listed[0]) == {"node", "state", "reason", "code", "run", "time", "until", "blames", "cleared_by"}
+    assert set(listed[0]) == {"node", "state", "reason", "code", "run", "time", "until", "blames", "cleared_by", "drill"}
     everything = json.loads(cli("suspects", "--runs-root", str(root), "--json", "--all").stdout)
     assert [(r["node"], r["state"], r["cleared_by"]) for r in everything] == [
         ("gpu-1", "active", None),
         ("gpu-2", "expired", None),
         ("gpu-3", "cleared", "admin"),
     ]
-    empty = cli("suspects", "--runs-root", str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    empty = cli("suspects", "--runs-root", str(tmp_path / "empty"))
     assert empty.exit_code == 0 and "no active suspect nodes" in empty.stdout
+    nowhere = cli("suspects", "--runs-root", str(tmp_path / "nowhere"))  # a typo is not "no suspects"
+    assert nowhere.exit_code == 2 and f"no runs root {tmp_path / 'nowhere'}" in nowhere.output
+
+
+def test_a_drills_culprit_is_listed_as_such_and_not_avoided_unless_asked(tmp_path: Path) -> None:
+    spec_file(tmp_path)
+    root = tmp_path / "runs"
+    suspects.record(root, [Suspect("node2", "rank 1 killed", 84, "drilled-run", time.time(), drill=True)])
+    assert '"drill": true' in (root / FILE).read_text() and '"drill"' not in json.dumps(suspects._blame_line(blame("x", 0)))
+    out, run = dry_run(tmp_path)
+    assert "suspect node" not in out and "--exclude" not in (run / "job.sbatch").read_text()  # a fault on purpose
+    listed = json.loads(cli("suspects", "--runs-root", str(root), "--json").stdout)
+    assert [(r["node"], r["state"], r["drill"]) for r in listed] == [("node2", "drill", True)]
+    assert "drill" in cli("suspects", "--runs-root", str(root)).stdout
+    spec_file(tmp_path, topology={"avoid_drill_suspects": True})
+    shutil.rmtree(run)
+    out, run = dry_run(tmp_path)
+    assert "#SBATCH --exclude=node2\n" in (run / "job.sbatch").read_text()
 
 
 def test_suspects_follows_a_specs_runs_root_and_site(tmp_path: Path) -> None:

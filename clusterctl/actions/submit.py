@@ -9,6 +9,7 @@ before the job is planned (once): the planner decides which to leave out
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
 from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.render.runfiles import create_run, runs_root
-from clusterctl.rundir import RunDir, suspects
+from clusterctl.rundir import RunDir, roots, suspects
 from clusterctl.rundir.suspects import Suspect
 
 # Pending reasons that no amount of waiting resolves: the job as asked cannot run here.
@@ -55,7 +56,8 @@ def default_backend(job: PlannedJob | JobConfig) -> str:
 def local_suspects(config: JobConfig, now: float | None = None) -> dict[str, Suspect]:
     """The active suspect nodes of the runs root the job's run will be created in ({} when the site keeps none)."""
     window_s = config.site.reliability.suspect_hours * 3600
-    return suspects.active(runs_root(config), window_s, now) if window_s > 0 else {}
+    drills = config.spec.topology.avoid_drill_suspects
+    return suspects.active(runs_root(config), window_s, now, drills) if window_s > 0 else {}
 
 
 def load_for_submit(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> PlannedJob:
@@ -72,11 +74,16 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
         backend.check()  # before anything is written: no sbatch, no run directory
     choice = job.plan.suspects
     run = create_run(job)
+    roots.remember(run.path.parent)  # so that `status RUN` finds it from any directory
     run.write_state(**choice.as_state())
     if dry_run:
         run.write_state(state="dry-run", backend=name)
         return Submitted(run, None, name, suspects=choice)
-    return replace(submit_rendered(run, backend, Path.cwd()), suspects=choice)
+    try:
+        return replace(submit_rendered(run, backend, Path.cwd()), suspects=choice)
+    except ClusterctlError:
+        shutil.rmtree(run.path, ignore_errors=True)  # refused or unreachable: no job, so no run to look at
+        raise
 
 
 def submit_rendered(run: RunDir, backend: Backend, workdir: Path, options: list[str] | None = None) -> Submitted:

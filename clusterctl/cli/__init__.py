@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from clusterctl.cli import (
     cancel_cmd,
     checkpoints_cmd,
@@ -24,6 +28,24 @@ from clusterctl.cli import (
 from clusterctl.cli.app import new_app
 
 app = new_app("Compile a job spec into a topology-aware distributed PyTorch job on Slurm.")
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from clusterctl import __version__, rundir
+
+        print(f"clusterctl {__version__} (run directory format {rundir.FORMAT})")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Compile a job spec into a topology-aware distributed PyTorch job on Slurm."""
+
+
 plan_cmd.register(app)
 render_cmd.register(app)
 submit_cmd.register(app)

@@ -26,8 +26,47 @@ def report_error(exc: ClusterctlError) -> None:
     err_console.print(Text.assemble(("error: ", "bold red"), exc.message))
 
 
+# The help's command groups, in the order a newcomer meets them; a command in none is listed under "Other".
+PANELS: dict[str, tuple[str, ...]] = {
+    "Run": ("plan", "render", "submit", "qualify"),
+    "Inspect": ("status", "runs", "logs", "report", "trace", "record", "checkpoints"),
+    "Recover": ("cancel", "requeue", "drill", "suspects"),
+    "Site": ("site",),
+    "Develop": ("schema", "version"),
+}
+
+
+def _metavar(param: Any) -> str:
+    """One placeholder style: upper case, from the parameter's name (`--runs-root` takes RUNS_ROOT)."""
+    return (param.name or "value").upper()
+
+
 class ErrorHandlingGroup(TyperGroup):
-    """Turns ClusterctlError into its exit code and any other exception into exit 1, never a traceback."""
+    """Turns ClusterctlError into its exit code and any other exception into exit 1, never a traceback.
+
+    It also gives the help its shape: commands in groups (PANELS), each with
+    its whole first line, and one placeholder style for every value.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in self.commands.values():
+            for param in command.params:
+                flag = getattr(param, "is_flag", False) or getattr(param, "count", False)
+                if getattr(param, "metavar", None) is None and not flag:
+                    param.metavar = _metavar(param)
+                if getattr(param, "param_type_name", "") == "argument":
+                    param.display_type_rich = lambda ctx=None: None  # `SPEC`, not `SPEC <path>`: the placeholder says it
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        shown = {name: cmd for name in self.list_commands(ctx) if (cmd := self.get_command(ctx, name)) and not cmd.hidden}
+        placed = {name for names in PANELS.values() for name in names}
+        groups = [*PANELS.items(), ("Other", tuple(n for n in shown if n not in placed))]
+        for title, names in groups:
+            rows = [(n, shown[n].get_short_help_str(limit=200)) for n in names if n in shown]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
 
     def invoke(self, ctx: Any) -> Any:
         try:

@@ -12,9 +12,8 @@ from clusterctl.actions.runjobs import Report
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
-from clusterctl.cli.runarg import resolve_run
+from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 
-RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
 TimeoutOpt = Annotated[
     float, typer.Option("--timeout", help="seconds a running job gets to save and stop before it is cancelled")
 ]
@@ -43,6 +42,7 @@ def register(app: typer.Typer) -> None:
         save: Annotated[bool, typer.Option("--save", help="let a running job save a checkpoint first")] = False,
         timeout: TimeoutOpt = 900.0,
         as_json: JsonOpt = False,
+        root: RootOpt = None,
         remote: RemoteOpt = None,
     ) -> None:
         """Stop the whole run: its running job, any pending continuation, every future restart.
@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         """
         if where := remote_target(remote):
             run_there(where, ctx)
-        target = resolve_run(run)
+        target = resolve_run(run, root)
         report = cancel_run(target, save, timeout, lambda line: err_console.print(line))
         if print_jobs(report, as_json):
             out_console().print(f"run {report.run} is stopped: no attempt starts and nothing continues it"

@@ -13,34 +13,29 @@ from rich.table import Table
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
-from clusterctl.cli.runarg import resolve_run
-from clusterctl.errors import ClusterctlError
+from clusterctl.cli.runarg import RootOpt, resolve_run
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import runjson
 
 
-def checkpoint_dir(target: Path) -> Path:
-    """A run directory (its checkpoint.dir, else <run>/checkpoints) or a checkpoint directory itself."""
+def checkpoint_dir(target: Path, root: Path | None = None) -> Path:
+    """A run directory (its checkpoint.dir, else <run>/checkpoints), a checkpoint directory itself, or a run's name."""
     plan = runjson.read(target) if target.is_dir() else None
     if plan is not None:
         return plan.checkpoint_dir(target)
     if target.is_dir():
         return target
-    try:  # a run id under ./runs, or one of the run's job ids
-        return checkpoint_dir(resolve_run(str(target)).path)
-    except ClusterctlError:
-        pass
-    raise ClusterctlError(f"{target} is neither a run directory, a run id or job id under ./runs, nor a checkpoint directory",
-                          ExitCode.BAD_CONFIG)
+    return checkpoint_dir(resolve_run(str(target), root).path)  # a run id or job id; else says where it looked
 
 
 def register(app: typer.Typer) -> None:
     @app.command("checkpoints")
     def checkpoints(
         ctx: typer.Context,
-        target: Annotated[Path, typer.Argument(help="run directory, run id or job id of a run, or a checkpoint directory")],
+        target: Annotated[Path, typer.Argument(metavar="RUN|DIR", help="run directory, run id or job id of a run, or a checkpoint directory")],
         check: Annotated[bool, typer.Option("--verify/--no-verify", help="recompute sizes and checksums")] = True,
         as_json: JsonOpt = False,
+        root: RootOpt = None,
         remote: RemoteOpt = None,
     ) -> None:
         """List checkpoint generations: committed, torn, in progress; verify the committed ones."""
@@ -48,7 +43,7 @@ def register(app: typer.Typer) -> None:
             run_there(where, ctx)
         from clusterctl.checkpoint import latest_committed, list_generations, verify
 
-        directory = checkpoint_dir(target)
+        directory = checkpoint_dir(target, root)
         entries = list_generations(directory)
         latest = latest_committed(directory)
         rows = []

@@ -17,7 +17,8 @@ import typer
 
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
-from clusterctl.cli.runarg import resolve_run
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
+from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.qualify.faultdrill import choose_fault, passed, run_drill
@@ -73,7 +74,8 @@ def _sigterm_interrupts() -> Any:
 def register(app: typer.Typer) -> None:
     @app.command("drill")
     def drill(
-        run: Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)],
+        ctx: typer.Context,
+        run: RunArg,
         hang: Annotated[Optional[int], typer.Option("--hang", metavar="RANK", help="SIGSTOP a rank")] = None,
         slow: Annotated[
             Optional[str], typer.Option("--slow", metavar="RANK:FACTOR", help="run a rank FACTOR times slower")
@@ -89,15 +91,19 @@ def register(app: typer.Typer) -> None:
             float, typer.Option("--timeout", metavar="S", help="seconds to wait for the ranks, then for the verdict")
         ] = 300.0,
         as_json: JsonOpt = False,
+        root: RootOpt = None,
+        remote: RemoteOpt = None,
     ) -> None:
         """Inject a fault into a running job and check that it is detected, blamed right, and how fast.
 
         Exits 0 when the expected verdict names the right rank or node, 3 when it does not.
         """
+        if where := remote_target(remote):
+            run_there(where, ctx)
         fault, target, factor = choose_fault(hang, slow, kill, node, pre_timeout)
         if not timeout > 0:
             raise ClusterctlError(f"--timeout must be positive, got {timeout:g}", ExitCode.USAGE)
-        path = resolve_run(run)
+        path = resolve_run(run, root)
         console = out_console()
         show: Callable[[str], None] = (lambda _line: None) if as_json else (lambda line: console.print(line))
         with _sigterm_interrupts():

@@ -10,13 +10,13 @@ from typing import Annotated, Optional
 
 import typer
 
+from clusterctl.cli.app import err_console
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
-from clusterctl.cli.runarg import resolve_run
+from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.rundir import RunDir
 from clusterctl.views import logs as runlogs
 
-RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
 JOB_CHECK_S = 2.0  # --follow asks the scheduler at most this often whether a job of the run is left
 
 
@@ -74,6 +74,7 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--follow", "-f", help="keep printing new lines, new attempts' too, until the run ends (or Ctrl-C)")
         ] = False,
         grep: Annotated[Optional[str], typer.Option("--grep", "-g", metavar="REGEX", help="only lines whose text matches (Python re)")] = None,
+        root: RootOpt = None,
         remote: RemoteOpt = None,
     ) -> None:
         """Show a run's logs: a rank's lines, a node's log, or everything of an attempt merged.
@@ -89,11 +90,13 @@ def register(app: typer.Typer) -> None:
         """
         if where := remote_target(remote):
             run_there(where, ctx)
-        target = resolve_run(run)
+        target = resolve_run(run, root)
         pattern = runlogs.compile_grep(grep)
         infos = runlogs.list_attempts(target)
         if not follow:
             chosen = runlogs.choose_attempts(infos, attempt)
+            if attempt is None and (note := runlogs.earlier_failures(target, chosen, run)):
+                err_console.print(note)
             selection = runlogs.select(target, chosen, rank, node)
             _write(runlogs.show(target, chosen, selection, pattern))
             return

@@ -10,7 +10,7 @@ import typer
 
 from clusterctl.backends import BACKENDS
 from clusterctl.cli.app import err_console, out_console
-from clusterctl.cli.options import JsonOpt, SiteOpt, SpecArg
+from clusterctl.cli.options import JsonOpt, SetOpt, SiteOpt, SpecArg
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.qualify import RUNGS
@@ -24,7 +24,7 @@ def _counts(text: str | None) -> list[int] | None:
     except ValueError:
         counts = []
     if not counts or min(counts) < 1:
-        raise ClusterctlError(f"--nodes {text!r}: expected node counts such as 1,2,4", ExitCode.USAGE)
+        raise ClusterctlError(f"--node-counts {text!r}: expected node counts such as 1,2,4", ExitCode.USAGE)
     return counts
 
 
@@ -32,10 +32,11 @@ def register(app: typer.Typer) -> None:
     @app.command("qualify")
     def qualify_cmd(
         spec: SpecArg,
-        out: Annotated[Path, typer.Option("--out", "-o", help="directory for report.json, index.html and the rungs' runs")],
+        out: Annotated[Path, typer.Option("--output", "-o", metavar="DIR", help="directory for report.json, index.html and the rungs' runs")],
         site: SiteOpt = None,
+        set_: SetOpt = None,
         up_to: Annotated[Optional[str], typer.Option("--up-to", metavar="RUNG", help=f"stop after this rung: {', '.join(RUNGS)}")] = None,
-        nodes: Annotated[Optional[str], typer.Option("--nodes", metavar="1,2,4", help="node counts of the scaling rung")] = None,
+        nodes: Annotated[Optional[str], typer.Option("--node-counts", metavar="N,N,...", help="node counts of the scaling rung, e.g. 1,2,4")] = None,
         backend: Annotated[Optional[str], typer.Option("--backend", "-b", help=f"one of {', '.join(BACKENDS)}")] = None,
         as_json: JsonOpt = False,
     ) -> None:
@@ -46,7 +47,7 @@ def register(app: typer.Typer) -> None:
         from clusterctl.qualify.ladder import qualify
 
         show = (lambda line: err_console.print(line)) if as_json else (lambda line: out_console().print(line))
-        report = qualify(spec, site, backend, out, up_to, _counts(nodes), show)
+        report = qualify(spec, site, backend, out, up_to, _counts(nodes), show, set_ or [])
         if as_json:
             print(json.dumps(report, indent=1, default=str))
         else:

@@ -11,9 +11,9 @@ from rich.text import Text
 
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
-from clusterctl.cli.runarg import resolve_run
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
+from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 
-RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
 AttemptOpt = Annotated[Optional[int], typer.Option("--attempt", "-a", min=1, help="the attempt to show (default: the latest)")]
 SECTIONS = (
     ("training", "Training definition"),
@@ -141,7 +141,8 @@ def render(record: dict[str, Any]) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("record")
-    def record(run: RunArg, attempt: AttemptOpt = None, as_json: JsonOpt = False) -> None:
+    def record(ctx: typer.Context, run: RunArg, attempt: AttemptOpt = None, as_json: JsonOpt = False, root: RootOpt = None,
+               remote: RemoteOpt = None) -> None:
         """What a reconstruction of the run needs: training definition, data, recovery, environment.
 
         Assembled from what each part wrote: the plan and code snapshot
@@ -149,9 +150,11 @@ def register(app: typer.Typer) -> None:
         controller) and what the trainer resumed from (rank 0, through the
         contract). Unknown facts are shown with the reason.
         """
+        if where := remote_target(remote):
+            run_there(where, ctx)
         from clusterctl.views import record as runrecord
 
-        found = runrecord.load(resolve_run(run), attempt)
+        found = runrecord.load(resolve_run(run, root), attempt)
         if as_json:
             print(json.dumps(found, indent=1))
             return

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from clusterctl.cli.app import out_console
-from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
+from clusterctl.cli.options import AllowOomOpt, JsonOpt, SetOpt, SiteOpt, SpecArg, overrides
 from clusterctl.plan.job import load_job
 from clusterctl.render.runfiles import write_rendered
 
@@ -23,10 +24,15 @@ def register(app: typer.Typer) -> None:
         ] = False,
         site: SiteOpt = None,
         set_: SetOpt = None,
+        allow_oom: AllowOomOpt = False,
+        as_json: JsonOpt = False,
     ) -> None:
         """Render the batch script, rank wrapper and run.json into a directory."""
-        job = load_job(spec, set_ or [], site)
+        job = load_job(spec, overrides(set_, allow_oom), site)
         written = write_rendered(job, out.resolve(), standalone=standalone)
+        if as_json:
+            print(json.dumps({"written": [str(p) for p in written], "sbatch": str(out.resolve() / "job.sbatch")}, indent=1))
+            return
         console = out_console()
         for path in written:
             console.print(f"wrote {path}")

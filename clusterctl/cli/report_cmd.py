@@ -11,22 +11,37 @@ from rich.table import Table
 
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
-from clusterctl.cli.runarg import resolve_run
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
+from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
-RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
 OutOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="directory for index.html and the PNGs (default: RUN/report)")
 ]
 
 
+ATTEMPT_COLUMNS = {"attempt": "attempt", "job_id": "job", "nodes": "nodes", "exit_code": "exit", "meaning": "what it meant",
+                   "steps": "steps"}
+
+
 def _f(value: Any, spec: str = ".4g") -> str:
+    """A figure as people read it: 25,320 rather than 2.532e+04; - when unknown."""
     if value is None:
         return "-"
+    if isinstance(value, float) and abs(value) >= 1000:
+        return f"{value:,.0f}"
     if isinstance(value, float):
         return format(value, spec)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10000:
+        return f"{value:,}"
     return str(value)
+
+
+def _said(culprit: dict[str, Any], message: str) -> bool:
+    """The verdict's message already names this culprit (its rank and host, or its host and reason)."""
+    host, reason = str(culprit.get("host")), str(culprit.get("reason") or "")
+    return f"rank {culprit.get('rank')} on {host}" in message or (host in message and reason in message)
 
 
 def print_text(head: dict[str, Any]) -> None:
@@ -42,14 +57,14 @@ def print_text(head: dict[str, Any]) -> None:
                       f"checkpoint: step {_f(head.get('checkpoint'))}")
     console.print(f"attempts: {head.get('attempts')}   last step: {_f(head.get('last_step'))}   "
                   f"final loss: {_f(head.get('final_loss'))}   validation loss: {_f(head.get('final_val_loss'))} "
-                  f"(best {_f(head.get('best_val_loss'))})   median tokens/s: {_f(head.get('tokens_per_s_median'), '.1f')}")
+                  f"(best {_f(head.get('best_val_loss'))})   median tokens/s: {_f(head.get('tokens_per_s_median'), '.4g')}")
     rows = head.get("attempts_table") or []
     if rows:
         table = Table(title="attempts", title_justify="left")
-        for col in ("attempt", "job_id", "nodes", "exit_code", "meaning", "steps"):
-            table.add_column(col)
+        for label in ATTEMPT_COLUMNS.values():
+            table.add_column(label)
         for r in rows:
-            table.add_row(*(_f(r.get(c)) for c in ("attempt", "job_id", "nodes", "exit_code", "meaning", "steps")))
+            table.add_row(*(_f(r.get(key)) for key in ATTEMPT_COLUMNS))
         console.print(table)
     per = head.get("step_time_s") or {}
     if per:
@@ -64,10 +79,12 @@ def print_text(head: dict[str, Any]) -> None:
     if slow:
         console.print(f"slowest rank: {slow['rank']} (p50 {_f(slow['p50'])} s, {_f(slow['vs_median'])}x the median rank)")
     for v in head.get("verdicts") or []:
+        message = str(v.get("message") or "")
         culprits = "; ".join(f"rank {c.get('rank')} on {c.get('host')}" + (f": {c['reason']}" if c.get("reason") else "")
-                             for c in v.get("culprits") or [])
+                             for c in v.get("culprits") or []
+                             if not _said(c, message))  # each sentence once
         status = "ok" if v.get("ok") else "failed"
-        console.print(f"attempt {v['attempt']} verdict: {status} (code {_f(v.get('code'))}) {v.get('message')}"
+        console.print(f"attempt {v['attempt']} verdict: {status} (code {_f(v.get('code'))}) {message}"
                       + (f"; culprits: {culprits}" if culprits else ""))
     for note in head.get("notes") or []:
         console.print(f"note: {note}")
@@ -77,16 +94,19 @@ def print_text(head: dict[str, Any]) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
-    def report(run: RunArg, output: OutOpt = None, as_json: JsonOpt = False) -> None:
+    def report(ctx: typer.Context, run: RunArg, output: OutOpt = None, as_json: JsonOpt = False, root: RootOpt = None,
+               remote: RemoteOpt = None) -> None:
         """Write the run's report: index.html with loss, step-time, heatmap, throughput, attempts and phase plots.
 
         The page works offline from disk. The same headline figures are printed
         (per-rank step time p50/p90/max over the steady interval, goodput, lost
         GPU hours, verdicts with culprits); --json prints them as JSON.
         """
+        if where := remote_target(remote):
+            run_there(where, ctx)  # the page is written on the login node
         from clusterctl.views import report as reportlib  # noqa: PLC0415 - numpy only when reporting
 
-        target = resolve_run(run)
+        target = resolve_run(run, root)
         collected = reportlib.collect(target)
         out = output if output is not None else target.path / "report"
         try:

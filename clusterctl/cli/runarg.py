@@ -1,44 +1,120 @@
-"""RUN on the command line: a run directory, a run id under ./runs, or one of the run's job ids."""
+"""RUN on the command line, one resolver for every command: a run directory, a run id, or any job id of the run.
+
+A name that is not a directory is looked up in `--runs-root` when given;
+else in every root this machine knows, in order: $CLUSTERCTL_RUNS_ROOTS
+(colon-separated), the `runs_root` of every site it knows (shipped,
+./site-configs, $CLUSTERCTL_SITES), the roots its user submitted into
+(rundir/roots.py: a spec's runs_root, a submitit folder), and ./runs. A run
+id is matched first, then a job id (`local-7` only among local runs, `7`
+among all). No match, or matches in two places, is a usage error (exit 2)
+that says where it looked.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir, is_run, jobid
+from clusterctl.rundir import RunDir, is_run, jobid, roots
 
 RUNS = "runs"  # the default runs root, relative to where clusterctl runs
+ROOTS_ENV = "CLUSTERCTL_RUNS_ROOTS"
 
-
-def _by_job(job: str, root: Path) -> Path | None:
-    """The run under `root` that has had job `job` (submitted, continued or requeued into it)."""
-    from clusterctl.actions.runjobs import run_jobs
-
-    native = jobid.native(job)
-    if not native.isdigit() or not root.is_dir():
-        return None
-    found = [p for p in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) if is_run(p) and native in run_jobs(RunDir(p))]
-    return found[0] if found else None
+RootOpt = Annotated[
+    Optional[Path],
+    typer.Option("--runs-root", metavar="DIR", show_default=False,
+                 help=f"the runs root to look in (default: RUN is looked up in ${ROOTS_ENV}, every known site's runs_root,"
+                      " the roots submitted into and ./runs; runs are listed from ./runs)"),
+]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="run directory, run id, or a job id of the run", show_default=False)]
 
 
 def runs_root(given: Path | None) -> Path:
-    """`--runs-root`, else ./runs."""
+    """Where runs are listed (`runs`, `status` without RUN): `--runs-root`, else ./runs."""
     return given.expanduser().absolute() if given is not None else Path.cwd() / RUNS
 
 
+def _site_roots() -> list[Path]:
+    """The runs_root of every site this machine knows (a site that does not load, or names an unset variable, is skipped)."""
+    from clusterctl.config.site import known_sites, load_site
+    from clusterctl.errors import ConfigError
+    from clusterctl.render.runfiles import expand_path
+
+    found = []
+    for name in known_sites():
+        try:
+            site, _ = load_site(name)
+        except ConfigError:
+            continue
+        if site.runs_root:
+            path, _unset = expand_path(str(site.runs_root))
+            if path is not None:
+                found.append(path)
+    return found
+
+
+def search_roots(given: Path | None) -> list[Path]:
+    """The roots RUN is looked up in, in order, each once."""
+    if given is not None:
+        return [runs_root(given)]
+    listed = [Path(p).expanduser() for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p]
+    ordered, seen = [], set()
+    for path in [*listed, *_site_roots(), *roots.remembered(), Path.cwd() / RUNS]:
+        key = os.path.realpath(path.absolute())
+        if key not in seen:
+            seen.add(key)
+            ordered.append(path.absolute())
+    return ordered
+
+
+def _by_job(job: str, root: Path) -> Path | None:
+    """The newest run under `root` that has had job `job` (submitted, continued or requeued into it)."""
+    from clusterctl.actions.runjobs import run_jobs
+
+    native = jobid.native(job)
+    local_only = job.strip().startswith(jobid.LOCAL_PREFIX)
+    if not native.isdigit() or not root.is_dir():
+        return None
+    for path in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
+        if not is_run(path):
+            continue
+        run = RunDir(path)
+        if local_only and run.read_state().get("backend") != "local":
+            continue
+        if native in run_jobs(run):
+            return path
+    return None
+
+
 def resolve_run(arg: str, root: Path | None = None) -> RunDir:
-    """A run directory path, a run id under the runs root (./runs), or a job id of a run there."""
-    root = runs_root(root)
+    """The run RUN names (see the module's docstring); a usage error that says where it looked."""
     given = Path(arg).expanduser()
-    path = given if given.exists() else root / arg
-    if not path.is_dir():
-        path = _by_job(arg, root) or path
-    if not path.is_dir():
-        raise ClusterctlError(
-            f"no run {arg!r}: neither a directory, a run id under {root}, nor a job id of a run there", ExitCode.USAGE
-        )
+    if given.is_dir():
+        return _checked(given)
+    where = search_roots(root)
+    found: list[Path] = []
+    if os.sep not in arg:
+        found = [r / arg for r in where if (r / arg).is_dir()]
+        if not found:
+            found = [p for r in where if (p := _by_job(arg, r)) is not None]
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    if len(unique) == 1:
+        return _checked(unique[0])
+    if not unique:
+        looked = "; ".join(f"{r}{'' if r.is_dir() else ' (missing)'}" for r in where)
+        raise ClusterctlError(f"no run {arg!r}: not a directory, nor a run id or job id in {looked}."
+                              f" Give the run's directory, --runs-root DIR, or set {ROOTS_ENV}", ExitCode.USAGE)
+    raise ClusterctlError(f"{arg!r} names more than one run: {', '.join(map(str, unique))}. Give the run's directory"
+                          " or --runs-root DIR", ExitCode.USAGE)
+
+
+def _checked(path: Path) -> RunDir:
     if not is_run(path):
         raise ClusterctlError(f"{path} is not a run directory (no {rundir.STATE} or {rundir.RUN_JSON})", ExitCode.USAGE)
     return RunDir(path.resolve())

@@ -23,13 +23,18 @@ def _warn(message: str, console: Console | None = None) -> None:
 
 
 @site_app.command("validate")
-def validate(site: str) -> None:
+def validate(site: Annotated[str, typer.Argument(metavar="SITE", help="site name or path to a site YAML")],
+             as_json: JsonOpt = False) -> None:
     """Check a site config (name or path): rail map, CPU sets, topology, network, and the rendered binding."""
     from clusterctl.siteimport.checks import check_bindings
 
     loaded, path = load_site(site)
     warnings = check_bindings(loaded, path, f"site config {path}") + site_warnings(loaded)
     gpus = sum(len(nt.gpus) for nt in loaded.node_types.values())
+    if as_json:
+        print(json.dumps({"site": loaded.name, "path": str(path), "ok": True, "partitions": len(loaded.partitions),
+                          "node_types": len(loaded.node_types), "gpu_slots": gpus, "warnings": warnings}, indent=1))
+        return
     console = out_console()
     console.print(
         f"ok: site {loaded.name} ({path}): {len(loaded.partitions)} partition(s), "
@@ -57,7 +62,7 @@ def import_(
     probe: Annotated[bool, typer.Option("--probe", help="read this node live (nvidia-smi and sysfs)")] = False,
     name: Annotated[Optional[str], typer.Option("--name", help="site name (default: from the node names)")] = None,
     nodes: Annotated[
-        Optional[str], typer.Option("--nodes", help="hostlist of the partition's nodes, e.g. 'gpu-[001-016]'")
+        Optional[str], typer.Option("--nodes", metavar="HOSTLIST", help="hostlist of the partition's nodes, e.g. 'gpu-[001-016]'")
     ] = None,
     partition: Annotated[str, typer.Option("--partition", help="Slurm partition name")] = "gpu",
     node_type: Annotated[
@@ -176,7 +181,7 @@ def node_type_tables(site: Site) -> list[tuple[str, Table, str]]:
 
 
 @site_app.command("show")
-def show(site: Annotated[str, typer.Argument(help="site name or path to a site YAML")], as_json: JsonOpt = False) -> None:
+def show(site: Annotated[str, typer.Argument(metavar="SITE", help="site name or path to a site YAML")], as_json: JsonOpt = False) -> None:
     """The rail map of each node type: GPU -> NUMA node -> CPUs -> NICs -> rails."""
     loaded, path = load_site(site)
     if as_json:

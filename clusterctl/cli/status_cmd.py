@@ -17,13 +17,11 @@ from clusterctl.backends import get_backend
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target
-from clusterctl.cli.runarg import resolve_run, runs_root
+from clusterctl.cli.runarg import RootOpt, resolve_run, runs_root
 from clusterctl.cli.status_view import run_screen, runs_json, runs_table
 from clusterctl.remote.client import connect
 from clusterctl.rundir import RunDir, list_runs
 from clusterctl.views.state import DRY_RUN, GOING, RunState, derive_many
-
-RootOpt = Annotated[Optional[Path], typer.Option("--runs-root", help="where the runs are (default ./runs)", show_default=False)]
 
 
 def _states(runs: list[RunDir]) -> list[RunState]:
@@ -121,4 +119,7 @@ def register(app: typer.Typer) -> None:
         if not states:
             err_console.print(f"no runs under {where}")
             return
-        out_console().print(runs_table(states))
+        console = out_console()
+        if not console.is_terminal:  # a pipe or a file: whole lines, never a word broken to fit 80 columns
+            console.width = 10_000
+        console.print(runs_table(states))

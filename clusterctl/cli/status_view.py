@@ -92,7 +92,7 @@ def verdict_lines(st: RunState) -> list[Text]:
 
 def run_screen(st: RunState, now: float | None = None) -> RenderableType:
     """Everything `status RUN` shows about one run."""
-    head = Text.assemble((st.run, "bold"), "  ", (st.state.upper(), STYLES.get(st.state, "")))
+    head = Text.assemble((st.run, "bold"), "  ", (st.state, "bold " + STYLES.get(st.state, "")))
     if st.reason:
         head.append(f"  {st.reason}")
     if st.state in (FAILED, RESTARTING):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,19 +13,24 @@ from rich.text import Text
 
 from clusterctl import rundir
 from clusterctl.actions.follow import follow, local_state
-from clusterctl.actions.submit import local_suspects, submit_job
+from clusterctl.actions.submit import Submitted, local_suspects, submit_job
 from clusterctl.backends import BACKENDS, get_backend
-from clusterctl.cli.app import out_console
-from clusterctl.cli.options import SetOpt, SiteOpt, SpecArg
+from clusterctl.cli.app import err_console, out_console
+from clusterctl.cli.options import AllowOomOpt, JsonOpt, SetOpt, SiteOpt, SpecArg, overrides
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.plan.job import JobConfig, plan_job, read_job
+from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
 from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.remote.submit import login_of, submit_remote
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.units import format_duration
 from clusterctl.views.state import RunState
+
+
+def spare_note(spares: int) -> str:
+    """What the allocation holds beyond the ranks' nodes: `, plus 1 spare node`."""
+    return f", plus {spares} spare node{'s' if spares != 1 else ''}" if spares else ""
 
 
 def _when(epoch: float) -> str:
@@ -59,6 +65,8 @@ def register(app: typer.Typer) -> None:
         wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends; exit with its code")] = False,
         site: SiteOpt = None,
         set_: SetOpt = None,
+        allow_oom: AllowOomOpt = False,
+        as_json: JsonOpt = False,
         remote: RemoteOpt = None,
         code: Annotated[Optional[Path], typer.Option(
             "--code", help="with --remote: ship this git work tree (default: the spec's) as the ranks' working directory")] = None,
@@ -66,7 +74,7 @@ def register(app: typer.Typer) -> None:
             "--code-on-cluster", metavar="PATH", help="with --remote: the ranks run in this existing directory instead")] = None,
     ) -> None:
         """Validate, render into a new run directory, and submit."""
-        config = read_job(spec, set_ or [], site)
+        config = read_job(spec, overrides(set_, allow_oom), site)
         console = out_console()
         there = login_of(config, remote_target(remote), backend)
         if there is not None:
@@ -77,20 +85,35 @@ def register(app: typer.Typer) -> None:
                                   ExitCode.USAGE)
         job = plan_job(config, local_suspects(config))  # planned once, the runs root's suspect nodes left out
         done = submit_job(job, backend, dry_run=dry_run)
-        print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
-        if done.job_id is None:
-            console.print(f"dry run: nothing submitted; run directory {done.run.path}")
-            console.print(f"the batch script is {done.run.sbatch}")
-            return
-        console.print(f"submitted job {done.display_id} ({done.backend}): {job.plan.world_size} ranks on {job.plan.nodes} nodes")
-        console.print(f"run directory: {done.run.path}")
-        console.print(f"logs: {done.run.path}/slurm-{done.job_id}.out and {done.run.path}/{rundir.ATTEMPT_PREFIX}N/{rundir.LOGS}/")
-        for warning in done.warnings:
-            console.print(Text.assemble(("warning: ", "yellow"), warning))
-        if wait:
+        if as_json:
+            print(json.dumps(_submitted_json(job, done), indent=1), flush=True)
+            console = err_console  # --wait's progress, off the JSON
+        else:
+            _say_submitted(console, job, done)
+        if wait and done.job_id is not None:
             outcome = follow(local_state(get_backend(done.backend), done.run), lambda line: console.print(line))
             console.print(outcome.summary)
             raise typer.Exit(outcome.exit_code)
+
+
+def _submitted_json(job: PlannedJob, done: Submitted) -> dict[str, object]:
+    return {"run": str(done.run.path), "job_id": done.display_id, "backend": done.backend, "dry_run": done.job_id is None,
+            "ranks": job.plan.world_size, "nodes": job.plan.nodes, "spares": job.spec.spares,
+            "excluded_suspects": [s.node for s in done.suspects.excluded], "warnings": list(done.warnings)}
+
+
+def _say_submitted(console: Console, job: PlannedJob, done: Submitted) -> None:
+    print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
+    if done.job_id is None:
+        console.print(f"dry run: nothing submitted; run directory {done.run.path}")
+        console.print(f"the batch script is {done.run.sbatch}")
+        return
+    console.print(f"submitted job {done.display_id} ({done.backend}): {job.plan.world_size} ranks on {job.plan.nodes}"
+                  f" nodes{spare_note(job.spec.spares)}")
+    console.print(f"run directory: {done.run.path}")
+    console.print(f"logs: {done.run.path}/slurm-{done.job_id}.out and {done.run.path}/{rundir.ATTEMPT_PREFIX}N/{rundir.LOGS}/")
+    for warning in done.warnings:
+        console.print(Text.assemble(("warning: ", "yellow"), warning))
 
 
 def _submit_remote(config: JobConfig, host: str, command: str | None, transport: str, backend: str | None, code: Path | None,
@@ -106,7 +129,7 @@ def _submit_remote(config: JobConfig, host: str, command: str | None, transport:
             console.print(f"dry run: nothing submitted; run directory {where}")
             return
         console.print(f"submitted job {done.display_id} ({done.backend}) on {link.host}: {job.plan.world_size} ranks"
-                      f" on {job.plan.nodes} nodes")
+                      f" on {job.plan.nodes} nodes{spare_note(job.spec.spares)}")
         console.print(f"run directory: {where} (the ranks run in {done.workdir})")
         for warning in done.warnings:
             console.print(Text.assemble(("warning: ", "yellow"), warning))

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.config.site import Reliability
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -47,8 +48,8 @@ def rows(records: dict[str, suspects.NodeRecord], window_s: float, now: float, e
     """The stable `--json` objects, one per node: its latest blame and whether it is still avoided."""
     out = []
     for node, rec in records.items():
-        state = "cleared" if rec.cleared else ("active" if rec.active(window_s, now) else "expired")
-        if state != "active" and not everything:
+        state = "cleared" if rec.cleared else ("expired" if not rec.active(window_s, now) else "drill" if rec.latest.drill else "active")
+        if state not in ("active", "drill") and not everything:
             continue
         s = rec.latest
         out.append(
@@ -62,6 +63,7 @@ def rows(records: dict[str, suspects.NodeRecord], window_s: float, now: float, e
                 "until": rec.until(window_s) if window_s > 0 else None,
                 "blames": rec.blames,
                 "cleared_by": rec.cleared.by if rec.cleared else None,
+                "drill": rec.latest.drill,
             }
         )
     return out
@@ -87,6 +89,7 @@ def _clear(root: Path, nodes: list[str]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("suspects")
     def suspects_command(
+        ctx: typer.Context,
         runs_root: Annotated[
             Optional[Path], typer.Option("--runs-root", metavar="DIR", help="the runs root (default: the --spec's, else ./runs)")
         ] = None,
@@ -99,9 +102,19 @@ def register(app: typer.Typer) -> None:
             Optional[list[str]], typer.Option("--clear", metavar="NODE", help="forgive NODE: new submissions may use it again (repeatable)")
         ] = None,
         as_json: JsonOpt = False,
+        remote: RemoteOpt = None,
     ) -> None:
-        """List suspect nodes (blamed by a hang, straggler, preflight, lost-node or repeated-failure verdict)."""
+        """List suspect nodes (blamed by a hang, straggler, preflight, lost-node or repeated-failure verdict).
+
+        A node blamed for a fault `clusterctl drill` injected is listed with state `drill`: later submissions
+        do not avoid it unless their spec says `topology.avoid_drill_suspects: true`.
+        """
+        if where := remote_target(remote):
+            run_there(where, ctx)
         root, window_s = _root_and_window(runs_root, spec)
+        if not root.is_dir():
+            raise ClusterctlError(f"no runs root {root}: nothing was submitted there (give --runs-root DIR or --spec)",
+                                  ExitCode.USAGE)
         if clear:
             _clear(root, clear)
             return
@@ -116,12 +129,13 @@ def register(app: typer.Typer) -> None:
             return
         hours = f"{window_s / 3600:g} h" if window_s > 0 else "off"
         table = Table(title=f"Suspect nodes in {root} (avoided for {hours})", title_justify="left")
-        columns = ["node", *(["state"] if everything else []), "reason", "code", "run", "when", "until"]
+        with_state = everything or any(row["drill"] for row in found)  # a drill's culprit: listed, not avoided
+        columns = ["node", *(["state"] if with_state else []), "reason", "code", "run", "when", "until"]
         for col in columns:
             table.add_column(col, justify="right" if col == "code" else "left")
         for row in found:
             ago = format_duration(max(0.0, now - row["time"]))
             until = _local(row["until"]) if row["until"] is not None else "-"
-            cells = [row["node"], *([row["state"]] if everything else []), row["reason"], str(row["code"]), row["run"]]
+            cells = [row["node"], *([row["state"]] if with_state else []), row["reason"], str(row["code"]), row["run"]]
             table.add_row(*cells, f"{_local(row['time'])} ({ago} ago)", until)
         console.print(table)

@@ -9,12 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from clusterctl.cli.app import err_console
-from clusterctl.cli.runarg import resolve_run
+from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
+from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.views.chrometrace import Summary, build_trace, write_trace, write_trace_file
-
-RunArg = Annotated[str, typer.Argument(help="run directory, a run id under ./runs, or a job id of the run", show_default=False)]
 
 
 def _summary_line(summary: Summary, attempts: list[int], where: str) -> str:
@@ -28,6 +27,7 @@ def _summary_line(summary: Summary, attempts: list[int], where: str) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("trace")
     def trace(
+        ctx: typer.Context,
         run: RunArg,
         attempt: Annotated[
             Optional[int], typer.Option("--attempt", "-a", help="only this attempt (default: every attempt on one time axis)")
@@ -35,13 +35,17 @@ def register(app: typer.Typer) -> None:
         output: Annotated[str, typer.Option("--output", "-o", help="where to write the trace JSON; - for stdout")] = "trace.json",
         steps: Annotated[bool, typer.Option("--steps/--no-steps", help="enclose each step's phases in a `step N` slice")] = True,
         gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="GPU samples as counter tracks")] = True,
+        root: RootOpt = None,
+        remote: RemoteOpt = None,
     ) -> None:
         """Write the run's phases, deaths, verdicts and restarts as a Chrome trace (JSON).
 
         One process per node of each attempt, one thread per rank; open the file in
         https://ui.perfetto.dev or chrome://tracing.
         """
-        target = resolve_run(run)
+        if where := remote_target(remote):
+            run_there(where, ctx)  # `-o -` brings the trace here
+        target = resolve_run(run, root)
         built = build_trace(target, attempt, steps=steps, gpu=gpu)
         attempts = [a.number for a in built.attempts]
         if output == "-":

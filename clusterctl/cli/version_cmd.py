@@ -48,8 +48,9 @@ def register(app: typer.Typer) -> None:
     @app.command("version")
     def version(
         as_json: JsonOpt = False,
-        expand: Annotated[Optional[list[str]], typer.Option("--expand", help="also expand this path here (~, $VARIABLES)")] = None,
-        with_suspects: Annotated[bool, typer.Option("--suspects", help="with --expand: the suspect nodes of those runs roots")] = False,
+        # What a laptop asks of a login node's clusterctl (plumbing: hidden from help).
+        expand: Annotated[Optional[list[str]], typer.Option("--expand", hidden=True, help="also expand this path here")] = None,
+        with_suspects: Annotated[bool, typer.Option("--suspects", hidden=True, help="with --expand: their suspect nodes")] = False,
     ) -> None:
         """Print clusterctl's version and the run-directory format it reads and writes."""
         found = facts(expand or [], with_suspects)

@@ -78,6 +78,14 @@ class NodeType(Section):
     nics: dict[str, Nic] = Field(default_factory=dict)
     features: list[str] = Field(default_factory=list)
 
+    @field_validator("gpu_memory_gb", mode="before")
+    @classmethod
+    def _memory_set(cls, value: Any) -> Any:
+        if value is None:  # what `site import` leaves for a GPU it does not know: never a guess
+            raise ValueError("expected the memory per GPU in GB (10^9 bytes), e.g. 80 for an H100-SXM5-80GB:"
+                             " it is not set (site import leaves it empty when it cannot tell)")
+        return value
+
     @property
     def gpus_per_node(self) -> int:
         return len(self.gpus)
@@ -444,29 +452,42 @@ def _network_problems(site: Site) -> list[Problem]:
 
 
 def shipped_sites() -> dict[str, Path]:
-    """Sites that come with clusterctl, plus any in $CLUSTERCTL_SITES (colon-separated dirs)."""
+    """The sites that come with clusterctl (site-configs/ in the source tree, clusterctl/site_configs installed)."""
+    return {path.stem: path for path in sorted(shipped_dir("site_configs").glob("*.yaml"))}
+
+
+LOCAL_SITES = "site-configs"  # an admin's site files beside the job specs: ./site-configs/NAME.yaml
+
+
+def site_dirs() -> list[Path]:
+    """Where site names are looked up, lowest priority first: the shipped sites, ./site-configs, $CLUSTERCTL_SITES."""
+    extra = [Path(d).expanduser() for d in os.environ.get(SITES_ENV, "").split(os.pathsep) if d]
+    return [shipped_dir("site_configs"), Path.cwd() / LOCAL_SITES, *reversed(extra)]
+
+
+def known_sites() -> dict[str, Path]:
+    """Every site this machine knows by name: shipped, in ./site-configs, in $CLUSTERCTL_SITES (a later one wins)."""
     found: dict[str, Path] = {}
-    dirs = [Path(d) for d in os.environ.get(SITES_ENV, "").split(os.pathsep) if d]
-    for path in sorted(shipped_dir("site_configs").glob("*.yaml")):
-        found[path.stem] = path
-    for d in reversed(dirs):
-        for path in sorted(d.glob("*.yaml")):
-            found[path.stem] = path
+    for directory in site_dirs():
+        if directory.is_dir():
+            found.update((path.stem, path) for path in sorted(directory.glob("*.yaml")))
     return dict(sorted(found.items()))
 
 
 def resolve_site_path(name_or_path: str) -> Path:
-    """A path as given, or a shipped site's file; a ConfigError lists the choices."""
+    """A path as given, or a known site's file; a ConfigError lists the choices and where names are looked up."""
     candidate = Path(name_or_path).expanduser()
     if candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path or candidate.is_file():
         if not candidate.is_file():
             raise ConfigError("site", [Problem("site", name_or_path, "expected an existing site YAML file")])
         return candidate
-    sites = shipped_sites()
+    sites = known_sites()
     if name_or_path not in sites:
+        looked = ", ".join(str(d) for d in site_dirs())
         raise ConfigError(
             "site",
-            [Problem("site", name_or_path, f"expected a site name ({', '.join(sites)}) or a path to a site YAML file")],
+            [Problem("site", name_or_path, f"expected a site name ({', '.join(sites)}) or a path to a site YAML file;"
+                     f" names are looked up in {looked} (add a directory with {SITES_ENV}=DIR[:DIR...])")],
         )
     return sites[name_or_path]
 

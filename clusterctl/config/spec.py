@@ -225,6 +225,9 @@ class Topology(Section):
     avoid_suspects: bool = Field(
         True, description="also exclude nodes a recent verdict blamed (the site's reliability.suspect_hours); false keeps them"
     )
+    avoid_drill_suspects: bool = Field(
+        False, description="also exclude nodes blamed for a fault `clusterctl drill` injected (by default they are only listed)"
+    )
     tp_in_nvlink: bool = Field(True, description="require each tensor-parallel group inside one NVLink domain")
     tp_cp_in_nvlink: bool = Field(False, description="also require each tp*cp group inside one NVLink domain")
 
@@ -453,6 +456,9 @@ class JobSpec(Section):
         None, description="where run directories go (default: the site's); ~ and $VARIABLES are expanded"
     )
     qualify: Qualify = Field(default_factory=Qualify, description="clusterctl qualify: test definition and criteria")
+    allow_oom: bool = Field(
+        False, description="submit even when the plan's memory estimate exceeds the GPU (`--allow-oom`); kept in the run's spec"
+    )
 
 
 

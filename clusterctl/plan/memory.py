@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clusterctl.errors import Problem
+from clusterctl.syntax.units import format_gb
+
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "none": 0}
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1}
 RESERVE_FRACTION = 0.10
@@ -105,6 +108,19 @@ class MemoryEstimate:
             "fits": self.fits,
             "params_per_gpu": self.params_per_gpu,
         }
+
+
+def oom_problem(memory: MemoryEstimate | None) -> Problem | None:
+    """Why a submission is refused for memory, with the plan's numbers; None when it fits or no model shape was given."""
+    if memory is None or memory.fits:
+        return None
+    parts = [("params", memory.params), ("grads", memory.grads), ("optimizer", memory.optimizer),
+             ("activations", memory.activations)]
+    split = ", ".join(f"{name} {format_gb(value)}" for name, value in parts if value is not None)
+    return Problem("model", f"{format_gb(memory.total)} per GPU",
+                   f"at most {format_gb(memory.capacity - memory.reserve)} of the GPU's {format_gb(memory.capacity)}"
+                   f" (10% kept free; the estimate: {split}): raise parallel.tp or parallel.pp, shard (sharding), recompute, or lower batch.micro;"
+                   " `clusterctl plan` shows the table. --allow-oom (allow_oom: true) submits it anyway")
 
 
 @dataclass(frozen=True)

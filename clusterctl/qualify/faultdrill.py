@@ -32,6 +32,7 @@ from clusterctl.qualify.injector import Background, Injector, InjectorFailed, la
 from clusterctl.rundir import RunDir, attemptjson, history, jobid, rankmanifest, runjson, timeline
 from clusterctl.rundir import verdict as verdicts
 from clusterctl.rundir.attemptjson import AttemptJson
+from clusterctl.rundir.jsonio import write_json_atomic
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.response import DUMP_WAIT_S
 from clusterctl.runtime.watchdog import WARMUP_STEPS
@@ -428,6 +429,8 @@ def run_drill(
         wait_for_training(attempt, min(timeout, STEP_WAIT_S), show)
     injector = Injector(backend, attempt.job_id or jobid.native(state.get("job_id")), node_python(run))
     injector.check()
+    # Said before the fault lands: the recovery step marks this attempt's culprits as a drill's suspects.
+    write_json_atomic(attempt.path / rundir.DRILL, {"fault": fault, "target": target, "factor": factor, "time": time.time()})
     background: Background | None = None
     victim: tuple[str, list[str]] | None = None  # host and --pid/--token of a rank to continue at the end
     try:

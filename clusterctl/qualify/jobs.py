@@ -90,11 +90,13 @@ def past_step(run: RunDir, step: int, timeout_s: float = 300) -> bool:
 class Runner:
     """Submits the ladder's jobs of one spec on one backend, into one runs root."""
 
-    def __init__(self, spec: Path, site: str | None, backend: str | None, runs_root: Path, show: Callable[[str], None]) -> None:
+    def __init__(self, spec: Path, site: str | None, backend: str | None, runs_root: Path, show: Callable[[str], None],
+                 sets: list[str] | None = None) -> None:
         self.spec, self.site, self.backend, self.runs_root, self.show = spec, site, backend, runs_root, show
+        self.sets = list(sets or [])  # the user's --set, under each rung's own overrides
 
     def load(self, overrides: list[str]) -> PlannedJob:
-        return load_for_submit(self.spec, [*overrides, f"runs_root={json.dumps(str(self.runs_root))}"], self.site)
+        return load_for_submit(self.spec, [*self.sets, *overrides, f"runs_root={json.dumps(str(self.runs_root))}"], self.site)
 
     def run(self, name: str, overrides: list[str], during: Callable[[RunDir], dict[str, Any]] | None = None) -> JobRun:
         job = self.load([*overrides, f"name=q-{name}"])

@@ -59,16 +59,17 @@ def _stack(job_runs: list[str]) -> dict[str, Any]:
 
 
 def qualify(spec: Path, site: str | None, backend: str | None, out: Path, up_to: str | None, nodes: list[int] | None,
-            show: Callable[[str], None]) -> dict[str, Any]:
-    """Run the ladder up to `up_to` (all of it by default); the report as a dict (also in out/report.json)."""
-    job: PlannedJob = load_job(spec, [], site)
+            show: Callable[[str], None], sets: list[str] | None = None) -> dict[str, Any]:
+    """Run the ladder up to `up_to` (all of it by default); the report as a dict (also in out/report.json).
+    `sets` are --set overrides of the spec, for every rung's job."""
+    job: PlannedJob = load_job(spec, sets or [], site)
     d = Definition.of(job)
     counts = node_counts(nodes or d.q.nodes, d)
     if max(counts) > d.max_nodes:
-        raise ClusterctlError(f"--nodes {','.join(map(str, counts))}: partition {job.plan.partition} offers the ladder"
+        raise ClusterctlError(f"--node-counts {','.join(map(str, counts))}: partition {job.plan.partition} offers the ladder"
                               f" {d.max_nodes} node(s)", 65)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(Runner(spec, site, backend, out / "runs", show), d, out, judge_performance=not job.site.oversubscribe)
+    ctx = Context(Runner(spec, site, backend, out / "runs", show, sets or []), d, out, judge_performance=not job.site.oversubscribe)
     last = RUNGS.index(up_to) if up_to else len(RUNGS) - 1
     began = time.time()
     results: list[Rung] = []

@@ -60,7 +60,8 @@ def remote_suspects(rows: object, job: JobConfig, now: float) -> dict[str, Suspe
         return {}
     found = {}
     for row in rows if isinstance(rows, list) else []:
-        if row.get("state") != "cleared" and float(row.get("time", 0)) + window_s > now:
+        drill_ignored = row.get("drill") is True and not job.spec.topology.avoid_drill_suspects
+        if row.get("state") != "cleared" and not drill_ignored and float(row.get("time", 0)) + window_s > now:
             found[str(row["node"])] = Suspect(str(row["node"]), str(row.get("reason", "")), int(row.get("code", 0)),
                                               str(row.get("run", "")), float(row["time"]))
     return found

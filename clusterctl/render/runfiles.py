@@ -19,6 +19,7 @@ from clusterctl import rundir
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, PlannedJob
+from clusterctl.plan.memory import oom_problem
 from clusterctl.render.scripts import render_run
 from clusterctl.rundir import RunDir
 
@@ -30,6 +31,8 @@ def node_python(job: PlannedJob) -> str:
 
 def _render(job: PlannedJob, final: Path, standalone: bool, run_id: str | None, python: str | None = None) -> dict[str, str]:
     """Every file of the run as text, rendered and validated before anything touches the disk."""
+    if not job.spec.allow_oom and (problem := oom_problem(job.plan.memory)) is not None:
+        raise ConfigError(str(job.spec_path), [problem])  # a job that cannot fit is refused, not submitted to crash
     rendered = render_run(
         job.plan, final, python=python or node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id
     )
@@ -95,6 +98,10 @@ def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None 
     root = runs_root(job)
     final = root / run_id
     files = _render(job, final, standalone, run_id)
+    if not root.parent.is_dir():  # a mistyped or absent file system: refused, not created with all its parents
+        field = "runs_root" if job.spec.runs_root else "site runs_root"
+        raise ConfigError(str(job.spec_path), [Problem(field, str(job.spec.runs_root or job.site.runs_root), (
+            f"a directory whose parent exists: {root.parent} does not (create it, or set runs_root to another place)"))])
     tmp = root / f".{run_id}.tmp"
     try:
         _populate(job, files, tmp, final, None)

@@ -204,6 +204,7 @@ def render_run(
         "logs_dir": rundir.LOGS,
         "node_log": rundir.NODE_LOG.format(slot="%n"),  # srun's %n: the node's index in the step (its slot)
         "aggregator_log": rundir.AGGREGATOR_LOG.format(slot="%n"),
+        "aggregator_srun_log": rundir.AGGREGATOR_SRUN_LOG,
     }
     argv = launcher_argv(plan, python, standalone)
     wrapper_ctx = {

@@ -68,6 +68,8 @@ HOSTS = "hosts"  # attempt-N/hosts: the ranks' nodes, one per line in slot order
 CONTROLLER_JSON = "controller.json"  # attempt-N/: the controller's ports, pid, host and shared-fs marker
 NODE_LOG = "node-{slot}.log"  # attempt-N/logs/: one node's ranks, lines labelled by rank (srun's node-%n.log)
 AGGREGATOR_LOG = "aggregator-{slot}.log"  # attempt-N/logs/: one node's aggregator
+AGGREGATOR_SRUN_LOG = "aggregators-srun.log"  # attempt-N/logs/: srun's own lines about the aggregators' step, off the batch log
+DRILL = "drill.json"  # attempt-N/: a fault `clusterctl drill` injected (its culprits are suspects marked as drills)
 TRAINER_SUMMARY = "trainer-summary.json"  # attempt-N/: the reference trainer's closing figures
 
 

@@ -9,7 +9,8 @@ written before it have none).
     loss          the step's mean loss over the ranks
     loss_hex      the same as float.hex, for bit-exact comparisons
     step_s        the step's wall time on rank 0
-    compute_s     its compute (forward, backward, optimizer) time
+    compute_s     its compute (forward, backward, optimizer) time: the step's time less the waits for peers
+    compute_on    "cuda" when compute_s was timed on the GPU's stream (a step late: runtime/devicespans.py); absent: the host's clock
     tokens_per_s  the job's throughput in the step
     t             the wall clock (seconds since the epoch) at the step's end
     train_s       the attempt's time in steps so far
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 FIELDS = (
-    "step", "loss", "loss_hex", "step_s", "compute_s", "tokens_per_s", "t", "train_s", "total_steps",
+    "step", "loss", "loss_hex", "step_s", "compute_s", "compute_on", "tokens_per_s", "t", "train_s", "total_steps",
     "data_s", "epoch", "val_loss", "target_reached", "watch_s", "format",
 )
 FORMAT = 2  # 1: files written before the first line said so (same records)

@@ -3,7 +3,9 @@
 One JSON line per event in `<runs root>/suspects.jsonl`, appended and never
 rewritten, so many jobs (and `clusterctl suspects --clear`) can write it at
 once: each line goes out in one O_APPEND write, which a local filesystem
-keeps whole. A blame is `{node, reason, code, run, time}`; a clear is
+keeps whole. A blame is `{node, reason, code, run, time}` (plus `drill: true`
+when `clusterctl drill` caused it: such blames are listed, not avoided by
+later submissions unless they ask, `topology.avoid_drill_suspects`); a clear is
 `{node, cleared: true, time, by}` and forgives every blame of that node
 appended before it (a blame appended later makes the node a suspect again).
 Readers skip lines they cannot use (a torn tail, another tool's lines).
@@ -39,6 +41,7 @@ class Suspect:
     code: int
     run: str  # the run id (the run directory's name)
     time: float
+    drill: bool = False  # caused by `clusterctl drill`: a fault injected on purpose, not the node's
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ def record(runs_root: Path, found: list[Suspect], drain_command: list[str] | Non
     messages: list[str] = []
     if found:
         try:
-            _append(runs_root, [{**asdict(s), "reason": s.reason[:REASON_MAX]} for s in found])
+            _append(runs_root, [_blame_line(s) for s in found])
         except OSError as exc:
             names = ", ".join(s.node for s in found)
             messages.append(f"cannot record suspect nodes {names} in {path(runs_root)}: {exc.strerror or exc}")
@@ -132,6 +135,13 @@ def record(runs_root: Path, found: list[Suspect], drain_command: list[str] | Non
         for suspect in found:
             messages.append(_run_hook(drain_argv(drain_command, suspect), suspect.node))
     return messages
+
+
+def _blame_line(s: Suspect) -> dict[str, Any]:
+    line = {**asdict(s), "reason": s.reason[:REASON_MAX]}
+    if not s.drill:
+        line.pop("drill")  # the lines every other blame has always had
+    return line
 
 
 def clear(runs_root: Path, nodes: list[str], now: float | None = None, by: str | None = None) -> None:
@@ -168,7 +178,7 @@ def _parse(line: str) -> Suspect | Cleared | None:
     code, reason, run = data.get("code"), data.get("reason"), data.get("run")
     if not (isinstance(code, int) and not isinstance(code, bool) and isinstance(reason, str) and isinstance(run, str)):
         return None
-    return Suspect(data["node"], reason, code, run, float(data["time"]))
+    return Suspect(data["node"], reason, code, run, float(data["time"]), data.get("drill") is True)
 
 
 def read(runs_root: Path) -> list[Suspect | Cleared]:
@@ -180,8 +190,9 @@ def read(runs_root: Path) -> list[Suspect | Cleared]:
     return [event for event in map(_parse, text.splitlines()) if event is not None]
 
 
-def nodes(runs_root: Path) -> dict[str, NodeRecord]:
+def nodes(runs_root: Path, drills: bool = True) -> dict[str, NodeRecord]:
     """Per node ever blamed, by name: its latest blame, the count, and a clear appended after that blame.
+    `drills=False` leaves out the blames drills caused.
 
     Order in the file decides, not the clocks of the machines that wrote the
     lines: the latest blame is the last one appended, and a clear forgives
@@ -194,15 +205,18 @@ def nodes(runs_root: Path) -> dict[str, NodeRecord]:
         if isinstance(event, Cleared):
             cleared[event.node] = event
             continue
+        if event.drill and not drills:
+            continue
         counts[event.node] = counts.get(event.node, 0) + 1
         cleared.pop(event.node, None)
         latest[event.node] = event
     return {node: NodeRecord(s, counts[node], cleared.get(node)) for node, s in sorted(latest.items())}
 
 
-def active(runs_root: Path, exclude_for_s: float, now: float | None = None) -> dict[str, Suspect]:
-    """Nodes blamed within the last exclude_for_s seconds and not cleared since: node -> its latest blame."""
+def active(runs_root: Path, exclude_for_s: float, now: float | None = None, drills: bool = False) -> dict[str, Suspect]:
+    """Nodes blamed within the last exclude_for_s seconds and not cleared since: node -> its latest blame.
+    A drill's blames count only with `drills` (a fault injected on purpose says nothing about the node)."""
     if exclude_for_s <= 0:
         return {}
     when = time.time() if now is None else now
-    return {node: rec.latest for node, rec in nodes(runs_root).items() if rec.active(exclude_for_s, when)}
+    return {node: rec.latest for node, rec in nodes(runs_root, drills).items() if rec.active(exclude_for_s, when)}

@@ -126,15 +126,21 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
     return proc.stdout.strip().split(";")[0]
 
 
-def remember(run: RunDir, decision: Decision, ended: Ended) -> None:
-    """Culprit nodes become suspects of the runs root (excluded by later submissions for a while)."""
+def remember(run: RunDir, decision: Decision, ended: Ended, attempt: int) -> None:
+    """Culprit nodes become suspects of the runs root (excluded by later submissions for a while).
+
+    A fault `clusterctl drill` injected (attempt-N/drill.json) is marked so: listed, not avoided
+    by default, and never handed to the site's drain hook.
+    """
     if not decision.newly_excluded:
         return
     try:
-        from clusterctl.rundir import suspects
+        from clusterctl.rundir import layout, suspects
 
-        drain = _site_drain(run)
-        found = [suspects.Suspect(h, ended.reason or f"exit {ended.code}", ended.code, run.path.name, time.time()) for h in decision.newly_excluded]
+        drill = (run.attempt(attempt) / layout.DRILL).exists()
+        drain = None if drill else _site_drain(run)
+        found = [suspects.Suspect(h, ended.reason or f"exit {ended.code}", ended.code, run.path.name, time.time(), drill)
+                 for h in decision.newly_excluded]
         for line in suspects.record(run.path.parent, found, drain):
             log(line)
     except Exception as exc:  # noqa: BLE001 - remembering suspects must never stop the run going on
@@ -229,7 +235,7 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
         "counted": d.counted, "culprit_hosts": list(ended.culprit_hosts), "committed_step": ended.committed_step,
         **({"cancelled_by": d.cancelled_by} if d.cancelled_by else {}),
     }
-    remember(run, d, ended)
+    remember(run, d, ended, attempt)
     log(d.reason)
     if d.action == "restart":
         history.append(run, history.EVENT_NEXT, how=history.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)

@@ -19,7 +19,9 @@ clusterctl is watched as the reference trainer is:
   that times the one the script uses, or the default all-reduce). So a rank
   that waits for a slow peer does not look slow itself, and work outside any
   module counts. On sites with `oversubscribe: true` the step's clock leaves
-  out the time the rank waited for a CPU (runtime/computeclock.py).
+  out the time the rank waited for a CPU (runtime/computeclock.py). Once the
+  process uses CUDA, the same spans are measured on the GPU's stream instead
+  (runtime/devicespans.py): under NCCL the stream waits, not the host.
 * Phases: `forward` when a DDP model is called, `backward` when its first
   gradient bucket is reduced, `collective` while waiting in a collective,
   `optimizer`, then `idle`. They are noted, not sent: the liveness beat
@@ -50,6 +52,7 @@ from typing import Any, Callable
 
 from clusterctl.rundir import layout
 from clusterctl.rundir.metrics import MetricsWriter
+from clusterctl.runtime import devicespans
 from clusterctl.runtime import heartbeat as heartbeats
 from clusterctl.runtime.computeclock import compute_clock
 
@@ -79,11 +82,14 @@ class StepWatch:
         self._bucket_last: float | None = None  # DDP: when the backward's last bucket was handed over
         self._bucket_done = 0.0
         self._inflight = 0
+        self.device: devicespans.DeviceSpans | None = None  # the spans on the GPU, once the process uses CUDA
 
     # --- the step's clock ----------------------------------------------------
     def start(self) -> None:
         """The current step begins now (the first forward, or after a save the Contract made)."""
         self._began, self._began_wall, self._waited = self.clock(), time.perf_counter(), 0.0
+        if self.device is not None:
+            self.device.begin()
 
     def waited(self, seconds: float) -> None:
         with self._lock:
@@ -123,19 +129,28 @@ class StepWatch:
             waited, self._waited = self._waited, 0.0
         step_s = max(0.0, entered - self._began_wall)
         compute_s = min(step_s, max(0.0, now - self._began - waited))
+        on_device = None
+        if self.device is not None:
+            on_device = self.device.end()  # the latest step the GPU finished: under NCCL the host's clock cannot tell
+            compute_s = compute_s if on_device is None else on_device
+        else:
+            self.device = devicespans.for_cuda()
         self._count = step if step is not None else self._count + 1
         self.train_s += step_s
         self.beat.phase_name = "idle"
         self.beat.step_done(self._count, round(step_s, 6), round(compute_s, 6))
         if self._metrics_path is not None:
             self._flush()
-            self._pending = {"step": self._count, "step_s": round(step_s, 6), "compute_s": round(compute_s, 6),
+            timed_on = {"compute_on": "cuda"} if on_device is not None else {}
+            self._pending = {"step": self._count, "step_s": round(step_s, 6), "compute_s": round(compute_s, 6), **timed_on,
                              "t": round(time.time(), 3), "train_s": round(self.train_s, 6), **self._recorded,
                              "watch_s": round(self.own_s, 6)}
             self._recorded = {}
             if not hold and not any(callable(getattr(v, "item", None)) for v in self._pending.values()):
                 self._flush()  # nothing to wait for: written now
         self._began, self._began_wall = self.clock(), time.perf_counter()
+        if self.device is not None:
+            self.device.begin()
         self.own_s += time.perf_counter() - entered
         return {"step": self._count, "step_s": step_s, "compute_s": compute_s}
 
@@ -179,6 +194,8 @@ class StepWatch:
             self._inflight += 1
             if last:
                 self._bucket_last = entered
+        if last and self.device is not None:
+            self.device.wait_begin()  # until the backward returns: the last bucket's all-reduce, and the slowest peer
         self.beat.phase_name = "backward"
         self.own_s += time.perf_counter() - entered
 
@@ -280,11 +297,16 @@ def _hook_waits(watch: StepWatch) -> None:
         entered = time.perf_counter()
         phase = watch.beat.phase_name
         watch.note("collective")
+        device = watch.device
+        if device is not None:
+            device.wait_begin()
         t0 = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
             t1 = time.perf_counter()
+            if device is not None:
+                device.wait_end()
             watch.waited(t1 - t0)
             watch.beat.phase_name = phase
             watch.own_s += (t0 - entered) + (time.perf_counter() - t1)
@@ -352,6 +374,25 @@ def _hook_ddp(watch: StepWatch) -> None:
     DDP.__init__ = init
     DDP.register_comm_hook = register_comm_hook
     DDP._register_builtin_comm_hook = register_builtin
+    _hook_backward(watch)
+
+
+def _hook_backward(watch: StepWatch) -> None:
+    """On a GPU, DDP's stream waits for the gradient all-reduce when the backward ends: the end of that wait."""
+    import torch.autograd
+
+    original = torch.autograd.backward
+
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            device = watch.device
+            if device is not None and device.waiting and threading.current_thread() is threading.main_thread():
+                device.wait_end()
+
+    torch.autograd.backward = backward
 
 
 def adopt(model: Any) -> None:

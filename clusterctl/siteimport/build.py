@@ -50,7 +50,6 @@ KNOWN_MEMORY_GB = [
     ("a100", 80), ("a800", 80), ("l40s", 48), ("l40", 48), ("a40", 48), ("a30", 24), ("a10", 24),
     ("l4", 24), ("v100", 32), ("mi300x", 192), ("mi325x", 256), ("mi250x", 128),
 ]
-PLACEHOLDER_MEMORY_GB = 16.0
 
 _RDMA_PREFIXES = {
     "mlx": "ib", "ibp": "ib", "hfi": "ib", "qib": "ib",
@@ -362,11 +361,10 @@ def node_type_from_facts(
         memory = next((float(gb) for key, gb in KNOWN_MEMORY_GB if key in lowered), None)
         if memory is not None:
             warnings.append(f"gpu_memory_gb {memory:g} assumed for {model}; pass --gpu-memory-gb if yours differs")
-    if memory is None:
-        memory = PLACEHOLDER_MEMORY_GB
+    if memory is None:  # never a guess: left empty, which `site validate` refuses until a person writes it
         warnings.append(
-            f"gpu_memory_gb is a placeholder ({memory:g}): the input does not say; pass --gpu-memory-gb"
-            " (and --gpu-model), or edit the YAML"
+            "gpu_memory_gb is left empty: the input does not say and the GPU is not one clusterctl knows; pass"
+            " --gpu-memory-gb (and --gpu-model), or write it in the YAML (site validate refuses the file until then)"
         )
     if not model:
         model = "unknown"
@@ -377,7 +375,7 @@ def node_type_from_facts(
     data = {
         "gpu_model": model,
         "gpu_vendor": facts.gpu_vendor,
-        "gpu_memory_gb": round(float(memory), 1) if float(memory) % 1 else int(memory),
+        "gpu_memory_gb": None if memory is None else round(float(memory), 1) if float(memory) % 1 else int(memory),
         "nvlink_domain": domain,
         "sockets": sockets,
         "gpus": [
@@ -501,8 +499,12 @@ def _validated(data: dict[str, Any]) -> Any:
 
     from clusterctl.config.site import Site
 
+    plain = _plain(data)
+    for node_type in (plain.get("node_types") or {}).values():
+        if isinstance(node_type, dict) and node_type.get("gpu_memory_gb") is None:
+            node_type["gpu_memory_gb"] = 1  # left empty for a person to write: the rest of the file is checked here
     try:
-        return Site.model_validate(_plain(data))
+        return Site.model_validate(plain)
     except ValidationError as exc:
         problems = [
             Problem(".".join(str(p) for p in err["loc"]), err.get("input", OMIT), err["msg"]) for err in exc.errors()

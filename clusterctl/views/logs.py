@@ -33,6 +33,7 @@ from __future__ import annotations
 import calendar
 import os
 import re
+import shlex
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -116,6 +117,20 @@ def list_attempts(run: RunDir) -> list[AttemptInfo]:
         found.append(AttemptInfo(a.number, (info.job_id if info is not None else "") or a.job_id or None, tuple(hosts), started,
                                  ranks_from))
     return found
+
+
+def earlier_failures(run: RunDir, shown: list[AttemptInfo], arg: str) -> str | None:
+    """When only the latest attempt is shown and earlier ones failed: which, and how to see them."""
+    if len(shown) != 1:
+        return None
+    failed = [a for a in history.read(run).attempts
+              if a.number < shown[0].number and a.exit_code not in (None, 0, ExitCode.PRE_TIMEOUT)]  # 85: a planned stop
+    if not failed:
+        return None
+    said = "; ".join(f"attempt {a.number} (job {a.job_id}) ended with exit {a.exit_code}: {a.meaning}" for a in failed)
+    first = failed[0].number
+    return (f"note: showing attempt {shown[0].number}; {said}. See it with `clusterctl logs {shlex.quote(arg)} --attempt {first}`"
+            " (or --attempt all)")
 
 
 def _numbers(infos: Iterable[AttemptInfo]) -> str:

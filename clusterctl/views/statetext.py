@@ -6,7 +6,7 @@ ladder and the submitit plugin print the same words.
 
 from __future__ import annotations
 
-from clusterctl.views.state import CANCELLED, FAILED, RESTARTING, TRAINING, RunState
+from clusterctl.views.state import CANCELLED, COMPLETED, FAILED, RESTARTING, TRAINING, RunState
 
 
 def duration(seconds: float | None) -> str:
@@ -23,7 +23,9 @@ def duration(seconds: float | None) -> str:
 def progress(st: RunState) -> str:
     """Step, loss, throughput and ETA, as far as they are known."""
     parts = []
-    if st.step is not None:
+    if st.step is not None and st.state == COMPLETED and st.total_steps and st.step + 1 >= st.total_steps:
+        parts.append(f"all {st.total_steps} steps done")  # steps count from 0: the last is total - 1
+    elif st.step is not None:
         parts.append(f"step {st.step}" + (f"/{st.total_steps}" if st.total_steps else ""))
     if st.loss is not None:
         parts.append(f"loss {st.loss:.4f}")

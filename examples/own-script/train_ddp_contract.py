@@ -22,37 +22,45 @@ from torch.nn.parallel import DistributedDataParallel
 from clusterctl.trainer import Contract  # clusterctl
 
 
-def busy_rate(seconds: float = 0.3) -> float:
-    """Multiply-adds of a small matrix per second on this CPU, the mean over ranks (so all do the same work)."""
-    a = torch.randn(64, 64)
+def busy_rate(device: torch.device, seconds: float = 0.3) -> float:
+    """Multiply-adds of a small matrix per second on this device, the mean over ranks (so all do the same work)."""
+    a = torch.randn(64, 64, device=device)
     count, began = 0, time.perf_counter()
     while time.perf_counter() - began < seconds:
         a = torch.tanh(a @ a)
         count += 1
-    rate = torch.tensor([count / (time.perf_counter() - began)])
+    float(a.sum())  # wait for the device
+    rate = torch.tensor([count / (time.perf_counter() - began)], device=device)
     dist.all_reduce(rate)
     return float(rate) / dist.get_world_size()
 
 
 def main() -> None:
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    gpu = torch.cuda.is_available()
+    # Each rank sees its own GPU (under torchrun, all of the node's): LOCAL_RANK modulo what it sees.
+    device = torch.device("cpu")
+    if gpu:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+    model = DistributedDataParallel(net, device_ids=[device] if gpu else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     steps, busy_s = int(os.environ.get("STEPS", "200")), float(os.environ.get("BUSY_S", "0"))
-    units = round(busy_s * busy_rate()) if busy_s > 0 else 0
+    units = round(busy_s * busy_rate(device)) if busy_s > 0 else 0
     contract = Contract(model, optimizer)  # clusterctl: checkpoint dir, interval and keep from the job spec
     start = contract.resume()  # clusterctl: the newest committed checkpoint's step + 1, or 0
     if rank == 0:
         print(f"starting at step {start}", flush=True)
     began = time.perf_counter()
     for step in range(start, steps):
-        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(step * 1000 + rank))  # the step's batch
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(step * 1000 + rank)).to(device)  # the step's batch
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
-        a = torch.eye(64)
+        a = torch.eye(64, device=device)
         for _ in range(units):  # the step's extra compute
             a = torch.tanh(a @ a)
         optimizer.step()

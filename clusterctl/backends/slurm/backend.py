@@ -45,7 +45,10 @@ class SlurmBackend(Backend):
     def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
         out = run(["sbatch", "--parsable", *(options or []), str(script)], cwd=workdir)
         if out.returncode != 0:
-            raise ClusterctlError(f"Slurm rejected the job: {slurm_reason(out.stderr)}", failure_code(out.stderr, ExitCode.BAD_CONFIG))
+            if failure_code(out.stderr) == ExitCode.BACKEND_UNAVAILABLE:
+                raise ClusterctlError(f"cannot reach slurmctld, nothing was submitted: {slurm_reason(out.stderr)}",
+                                      ExitCode.BACKEND_UNAVAILABLE)
+            raise ClusterctlError(f"Slurm rejected the job: {slurm_reason(out.stderr)}", ExitCode.BAD_CONFIG)
         job_id = out.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise ClusterctlError(f"sbatch answered {out.stdout.strip()!r}, expected a job id", ExitCode.BUG)

@@ -12,8 +12,10 @@ from clusterctl.views.report.plots import FILES
 CAPTIONS = {
     "loss.png": "Training and validation loss against step and wall-clock time; dashed lines mark where each attempt began.",
     "step_time.png": "Step time per rank: steady interval (p50 to p90 bar, line to the max, outliers kept) and the warm-up steps apart.",
-    "heatmap.png": "Step time by rank and step (max per bin): a straggler rank is a bright row.",
-    "throughput.png": "Tokens per second over wall-clock time.",
+    "heatmap.png": "Each rank's compute time relative to the step's median over ranks, on a fixed scale: a healthy run is"
+                   " uniformly dark, a straggler a bright row, a step no rank finished a grey gap; verdicts are marked.",
+    "throughput.png": "Tokens per second over wall-clock time: a rolling median with its min-max band; a hang or a gap"
+                      " drops to zero.",
     "attempts.png": "The attempts on a wall-clock timeline: queue wait, restart gaps, start-up, training, saves, and how each ended.",
     "phases.png": "Where each rank's time went: compute, collective, save, eval and idle phases (seconds, all attempts).",
 }
@@ -30,6 +32,7 @@ figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee
 figcaption { color: #555; font-size: 0.9em; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 2px 1em; font-size: 0.9em; }
 dt { font-weight: bold; } dd { margin: 0; word-break: break-word; }
+details { margin: 0.3em 0; } summary { cursor: pointer; font-weight: bold; }
 """
 
 
@@ -138,8 +141,9 @@ def render(head: dict[str, Any], state: dict[str, Any] | None, attempts: list[di
     for name in FILES:
         out.append(f'<figure><img src="{name}" alt="{_e(CAPTIONS[name])}"><figcaption>{_e(CAPTIONS[name])}</figcaption></figure>')
 
-    if record is not None:
-        out.append(f"<h2>Run record</h2><p class=note>From {_e(record_source)}.</p>{_dl(record)}")
+    if record is not None:  # one collapsed section each: the environment alone is pages long
+        sections = "".join(f"<details><summary>{_e(key)}</summary>{_dl(value)}</details>" for key, value in record.items())
+        out.append(f"<h2>Run record</h2><p class=note>From {_e(record_source)}; open a section to read it.</p>{sections}")
 
     if head.get("notes"):
         out.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in head["notes"]) + "</ul>")

@@ -16,7 +16,7 @@ import numpy as np
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.views.report.load import RunData
-from clusterctl.views.report.stats import WARMUP_STEPS, Figures, binned
+from clusterctl.views.report.stats import WARMUP_STEPS, Figures, VerdictMark, binned
 from clusterctl.views.report.timeline import CATEGORIES
 
 FILES = ("loss.png", "step_time.png", "heatmap.png", "throughput.png", "attempts.png", "phases.png")
@@ -70,13 +70,57 @@ def _attempt_colour(i: int) -> str:
     return palette[i % len(palette)]
 
 
-def _mark(ax: Any, x: float, label: str) -> None:
-    ax.axvline(x, color="#d62728", linestyle="--", linewidth=1.1, alpha=0.8)
+def _mark(ax: Any, x: float, label: str, colour: str = "#7f7f7f") -> None:
+    ax.axvline(x, color=colour, linestyle="--", linewidth=1.1, alpha=0.8)
     ax.annotate(label, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3), textcoords="offset points",
-                ha="left", va="top", fontsize=9, color="#d62728")
+                ha="left", va="top", fontsize=9, color=colour)
 
 
-def plot_loss(plt: Any, data: RunData, path: Path) -> None:
+VERDICT_COLOUR = "#d62728"
+
+
+def _verdicts_on_time(ax: Any, marks: list[VerdictMark], origin: float, div: float) -> None:
+    """Each failed verdict as a red line at its time, labelled with its code and the blamed rank."""
+    for v in marks:
+        if v.t is not None:
+            _verdict_line(ax, (v.t - origin) / div, v)
+
+
+def _verdicts_on_steps(ax: Any, marks: list[VerdictMark]) -> None:
+    for v in marks:
+        if v.step is not None:
+            _verdict_line(ax, float(v.step), v)
+
+
+def _verdict_line(ax: Any, x: float, v: VerdictMark) -> None:
+    ax.axvline(x, color=VERDICT_COLOUR, linewidth=1.6, alpha=0.9)
+    ax.annotate(f"verdict {v.label}", xy=(x, 0.0), xycoords=("data", "axes fraction"), xytext=(3, 3),
+                textcoords="offset points", ha="left", va="bottom", fontsize=9, color=VERDICT_COLOUR, weight="bold",
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1})
+
+
+def _blamed_ranks(marks: list[VerdictMark]) -> dict[int, str]:
+    """rank -> the verdicts that blamed it ("83", "82, 84")."""
+    found: dict[int, list[str]] = {}
+    for v in marks:
+        for r in v.ranks:
+            found.setdefault(r, []).append(str(v.code))
+    return {r: ", ".join(codes) for r, codes in found.items()}
+
+
+def _seconds(plt: Any) -> Any:
+    """Tick labels in plain seconds or milliseconds (never 6x10^-1)."""
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+
+    def fmt(v: float, _pos: Any) -> str:
+        if v <= 0:
+            return "0"
+        return f"{v * 1000:.3g} ms" if v < 1 else f"{v:.3g} s"
+
+    return FuncFormatter(fmt)
+
+
+def plot_loss(plt: Any, data: RunData, path: Path, marks: list[VerdictMark] | None = None) -> None:
     with_steps = [a for a in data.attempts if a.metrics.step.size]
     if not with_steps:
         _placeholder(plt, path, "Loss", "no metrics.jsonl records: the run has not trained")
@@ -96,15 +140,20 @@ def plot_loss(plt: Any, data: RunData, path: Path) -> None:
                         markeredgewidth=0.4, label="validation loss" if i == 0 else None)
         _mark(top, float(m.step[0]), f"attempt {a.number}")
         _mark(bottom, ((a.start if a.start is not None else float(m.t[0])) - origin) / div, f"attempt {a.number}")
+    _verdicts_on_steps(top, marks or [])
+    _verdicts_on_time(bottom, marks or [], origin, div)
     top.set_xlabel("step")
     bottom.set_xlabel(f"wall-clock time since the first attempt began ({unit})")
     for ax in (top, bottom):
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=9)
-    top.set_title("Loss against step (above) and wall-clock time (below); dashed: an attempt began")
+    top.set_title("Loss against step (above) and wall-clock time (below); dashed: an attempt began; red: a verdict")
     fig.savefig(path)
     plt.close(fig)
+
+
+MANY_RANKS = 64  # above this, step_time.png draws bands across the ranks rather than a bar per rank
 
 
 def plot_step_time(plt: Any, fig_data: Figures, path: Path) -> None:
@@ -121,70 +170,89 @@ def plot_step_time(plt: Any, fig_data: Figures, path: Path) -> None:
     median = float(np.median(st.p50[have])) if have.any() else np.nan
     slow = have & (st.p50 > 1.2 * median)
     colours = np.where(slow, "#d62728", "#1f77b4")
-    lw = max(2.0, min(14.0, 300.0 / max(n, 1)))
-    ax.vlines(x[have], lows[have], st.max[have], colors=colours[have], linewidth=1.0, label="steady: full range (min to max)")
-    ax.vlines(x[have], st.p50[have], st.p90[have], colors=colours[have], linewidth=lw, alpha=0.55, label="steady: p50 to p90")
-    ax.scatter(x[have], st.p50[have], color="white", edgecolors=colours[have], zorder=3, s=28, label="steady: p50")
-    ax.scatter(x[have], st.max[have], marker="_", color=colours[have], zorder=3, s=120, label="steady: max")
-    wx = np.concatenate([np.full(w.size, i + 0.28) for i, w in enumerate(st.warmup)]) if n else np.zeros(0)
-    wy = np.concatenate(st.warmup) if n else np.zeros(0)
-    if wy.size:
-        ax.scatter(wx, wy, marker="x", color="#ff7f0e", s=18, zorder=2,
-                   label=f"warm-up: first {WARMUP_STEPS} steps of each attempt")
+    wy = np.zeros(0)
+    if n <= MANY_RANKS:  # each rank its own bar, its warm-up steps beside it
+        lw = max(2.0, min(14.0, 300.0 / max(n, 1)))
+        ax.vlines(x[have], lows[have], st.max[have], colors=colours[have], linewidth=1.0, label="steady: full range (min to max)")
+        ax.vlines(x[have], st.p50[have], st.p90[have], colors=colours[have], linewidth=lw, alpha=0.55, label="steady: p50 to p90")
+        ax.scatter(x[have], st.p50[have], color="white", edgecolors=colours[have], zorder=3, s=28, label="steady: p50")
+        ax.scatter(x[have], st.max[have], marker="_", color=colours[have], zorder=3, s=120, label="steady: max")
+        wx = np.concatenate([np.full(w.size, i + 0.28) for i, w in enumerate(st.warmup)]) if n else np.zeros(0)
+        wy = np.concatenate(st.warmup) if n else np.zeros(0)
+        if wy.size:
+            ax.scatter(wx, wy, marker="x", color="#ff7f0e", s=18, zorder=2,
+                       label=f"warm-up: first {WARMUP_STEPS} steps of each attempt")
+    else:  # hundreds of ranks: bands across the ranks, the slow ones as points; warm-up left out
+        ax.fill_between(x, lows, st.max, color="#1f77b4", alpha=0.15, linewidth=0, step="mid", label="steady: min to max")
+        ax.fill_between(x, st.p50, st.p90, color="#1f77b4", alpha=0.45, linewidth=0, step="mid", label="steady: p50 to p90")
+        ax.plot(x, st.p50, color="#1f77b4", linewidth=0.8, drawstyle="steps-mid", label="steady: p50")
+        ax.scatter(x[slow], st.p50[slow], color="#d62728", zorder=3, s=22, label="p50 above 1.2x the median rank")
     allv = np.concatenate([v for v in (lows[have], st.max[have], wy) if v.size]) if n else np.zeros(0)
     allv = allv[np.isfinite(allv) & (allv > 0)]
     if allv.size and allv.max() / allv.min() > 8:
         ax.set_yscale("log")
+        from matplotlib.ticker import NullFormatter  # noqa: PLC0415
+
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(_seconds(plt))
+    for rank, codes in _blamed_ranks(fig_data.verdicts).items():
+        where = np.flatnonzero(st.ranks == rank)
+        if where.size:
+            ax.annotate(f"blamed: {codes}", xy=(float(where[0]), 1.0), xycoords=("data", "axes fraction"), xytext=(0, -3),
+                        textcoords="offset points", ha="center", va="top", fontsize=9, color=VERDICT_COLOUR, weight="bold")
     flagged = np.flatnonzero(slow)[np.argsort(-st.p50[slow])][:4]
     if flagged.size:
-        lines = [f"rank {int(st.ranks[i])}: p50 {st.p50[i]:.3g} s, {st.p50[i] / median:.2f}x the median rank" for i in flagged]
+        lines = [f"rank {int(st.ranks[i])}: p50 {_seconds(plt)(st.p50[i], None)}, {st.p50[i] / median:.2f}x the median rank"
+                 for i in flagged]
         if slow.sum() > flagged.size:
             lines.append(f"... and {int(slow.sum()) - flagged.size} more ranks above 1.2x (red)")
         ax.text(0.99, 0.98, "\n".join(lines), transform=ax.transAxes, ha="right", va="top", fontsize=9, color="#d62728",
                 bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "#d62728"})
-    step = max(1, n // 32)
+    step = max(1, -(-n // 32))  # at most 32 labels: readable at 8 ranks and at 512
     ax.set_xticks(x[::step])
-    ax.set_xticklabels([str(int(r)) for r in st.ranks[::step]])
+    ax.set_xticklabels([str(int(r)) for r in st.ranks[::step]], rotation=90 if n > 64 else 0)
     ax.set_xlim(-0.7, n - 0.3)
     ax.set_xlabel("rank")
-    ax.set_ylabel("step time (s)")
-    ax.set_title("Step time per rank (steady interval; warm-up apart; outliers kept)")
+    ax.set_ylabel("step time")
+    ax.set_title("Step time per rank (steady interval; " + ("warm-up apart" if n <= MANY_RANKS else "warm-up left out")
+                 + "; outliers kept)")
     ax.grid(alpha=0.3, axis="y")
     fig.legend(loc="outside lower center", fontsize=8.5, ncol=3, frameon=False)
     fig.savefig(path)
     plt.close(fig)
 
 
+HEATMAP_SCALE = (1.0, 2.0)  # compute time over the step's median: at or below it dark, twice it (or more) brightest
+
+
 def plot_heatmap(plt: Any, fig_data: Figures, path: Path) -> None:
     hm = fig_data.heatmap
     if hm is None:
-        _placeholder(plt, path, "Step time by rank and step", "no step records in timeline.jsonl")
+        _placeholder(plt, path, "Compute time by rank and step", "no step records in timeline.jsonl")
         return
     import matplotlib  # noqa: PLC0415
 
     rows, cols = hm.matrix.shape
     fig, ax = plt.subplots(figsize=(11, max(3.0, min(8.0, 1.6 + 0.3 * rows))), dpi=DPI, layout="constrained")
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")
-    with np.errstate(all="ignore"):
-        row_median = np.nanmedian(hm.matrix, axis=1)
-        row_low = np.nanpercentile(hm.matrix, 5, axis=1)
-        row_p90 = np.nanpercentile(hm.matrix, 90, axis=1)
-    # Colours up to the slowest row's typical step and a bit (rare outliers saturate rather than wash out the rows)
-    vmax = max(float(np.nanmax(row_median)) * 1.25, float(np.nanmax(row_p90))) if np.isfinite(row_median).any() else None
-    vmin = float(np.nanmin(row_low)) if np.isfinite(row_low).any() else None
-    if vmin is not None and vmax is not None and vmin >= vmax:
-        vmin = None
+    cmap = matplotlib.colormaps["inferno"].with_extremes(bad="#d9d9d9")
     r_hi = hm.rank_lo + rows * hm.ranks_per_row
-    image = ax.imshow(hm.matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax,
-                      extent=(hm.step_lo, hm.step_hi, r_hi - 0.5, hm.rank_lo - 0.5))
+    # A fixed scale, the same for every run: a healthy run's noise stays dark, a 1.5x straggler is half-way up.
+    image = ax.imshow(hm.matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=HEATMAP_SCALE[0],
+                      vmax=HEATMAP_SCALE[1], extent=(hm.step_lo, hm.step_hi, r_hi - 0.5, hm.rank_lo - 0.5))
     per_bin = max(1, (hm.step_hi - hm.step_lo) // cols)
-    bar = fig.colorbar(image, ax=ax, extend="max", pad=0.01)
-    bar.set_label("step time (s), max per bin" + ("" if per_bin == 1 else f" of {per_bin} steps"))
+    bar = fig.colorbar(image, ax=ax, extend="both", pad=0.01, ticks=[1.0, 1.25, 1.5, 1.75, 2.0])
+    bar.ax.set_yticklabels(["\u2264 1x", "1.25x", "1.5x", "1.75x", "\u2265 2x"])
+    bar.set_label("compute time \u00f7 the step's median over ranks" + ("" if per_bin == 1 else f" (max of {per_bin} steps)"))
     if rows <= 32 and hm.ranks_per_row == 1:
         ax.set_yticks(np.arange(hm.rank_lo, r_hi))
+    for rank, codes in _blamed_ranks(fig_data.verdicts).items():
+        ax.annotate(f"\u25c0 blamed: {codes}", xy=(1.0, rank), xycoords=("axes fraction", "data"), xytext=(4, 0),
+                    textcoords="offset points", ha="left", va="center", fontsize=9, color=VERDICT_COLOUR, weight="bold",
+                    annotation_clip=False)
+    _verdicts_on_steps(ax, fig_data.verdicts)
     ax.set_ylabel("rank" if hm.ranks_per_row == 1 else f"rank ({hm.ranks_per_row} ranks per row, max)")
     ax.set_xlabel("step")
-    ax.set_title("Step time by rank and step (a straggler is a bright row; grey: no record)")
+    ax.set_title("Compute time relative to the step's median (a straggler: a bright row; grey: no record, a hang)")
     fig.savefig(path)
     plt.close(fig)
 
@@ -202,7 +270,41 @@ def _thousands(plt: Any) -> Any:
     return FuncFormatter(fmt)
 
 
-def plot_throughput(plt: Any, data: RunData, path: Path) -> None:
+ROLLING_STEPS = 25  # the throughput line's rolling window, at most
+STALL_S = 10.0  # no step ended for this long (and ten steps' time): throughput drops to zero there
+
+
+def rolling(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rolling median, min and max over the last `window` values (fewer at the start)."""
+    n = values.size
+    if n == 0 or window <= 1:
+        return values, values, values
+    padded = np.concatenate([np.full(window - 1, np.nan), values])
+    view = np.lib.stride_tricks.sliding_window_view(padded, window)
+    with np.errstate(all="ignore"):
+        import warnings  # noqa: PLC0415
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmedian(view, axis=1), np.nanmin(view, axis=1), np.nanmax(view, axis=1)
+
+
+def with_drops(t: np.ndarray, step_s: np.ndarray, series: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Zeros inserted where no step ended for much longer than a step takes (a hang, a stall): the line drops to
+    zero there and comes back, rather than drawing a ramp across the gap."""
+    if t.size < 2:
+        return t, series
+    typical = float(np.nanmedian(step_s)) if np.isfinite(step_s).any() else float(np.median(np.diff(t)))
+    gap = np.flatnonzero(np.diff(t) > max(10 * typical, STALL_S))  # not a save or an evaluation: those are short
+    if gap.size == 0:
+        return t, series
+    at = np.concatenate([t[gap] + typical, t[gap + 1] - np.where(np.isfinite(step_s[gap + 1]), step_s[gap + 1], typical)])
+    order = np.argsort(np.concatenate([t, at]), kind="stable")
+    t2 = np.concatenate([t, at])[order]
+    return t2, [np.concatenate([s, np.zeros(at.size)])[order] for s in series]
+
+
+def plot_throughput(plt: Any, data: RunData, path: Path, marks: list[VerdictMark] | None = None) -> None:
     with_steps = [a for a in data.attempts if a.metrics.step.size and np.isfinite(a.metrics.tokens_per_s).any()]
     if not with_steps:
         _placeholder(plt, path, "Throughput", "no metrics.jsonl records with tokens_per_s")
@@ -211,16 +313,23 @@ def plot_throughput(plt: Any, data: RunData, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(11, 4.5), dpi=DPI, layout="constrained")
     for i, a in enumerate(with_steps):
         m, colour = a.metrics, _attempt_colour(i)
-        bx, mean, lo, hi = binned((m.t - origin) / div, m.tokens_per_s)
-        ax.plot(bx, mean, color=colour, linewidth=1.2, label=f"attempt {a.number}")
-        if bx.size and (hi > lo).any():
-            ax.fill_between(bx, lo, hi, color=colour, alpha=0.18, linewidth=0)
+        window = max(1, min(ROLLING_STEPS, m.step.size // 10))
+        med, lo, hi = rolling(m.tokens_per_s, window)
+        t, (med, lo, hi) = with_drops(m.t, m.step_s, [med, lo, hi])
+        x = (t - origin) / div
+        bx, mean, _, _ = binned(x, med)
+        _, _, band_lo, _ = binned(x, lo)
+        _, _, _, band_hi = binned(x, hi)
+        ax.fill_between(bx, band_lo, band_hi, color=colour, alpha=0.2, linewidth=0,
+                        label=f"min to max over {window} steps" if i == 0 else None)
+        ax.plot(bx, mean, color=colour, linewidth=1.3, label=f"attempt {a.number}: median over {window} steps")
         _mark(ax, ((a.start if a.start is not None else float(m.t[0])) - origin) / div, f"attempt {a.number}")
+    _verdicts_on_time(ax, marks or [], origin, div)
     ax.yaxis.set_major_formatter(_thousands(plt))
     ax.set_ylim(bottom=0)
     ax.set_xlabel(f"wall-clock time since the first attempt began ({unit})")
     ax.set_ylabel("tokens/s")
-    ax.set_title("Throughput (mean per bin; band: min to max)")
+    ax.set_title("Throughput: rolling median, band from min to max; a hang or a stall drops to zero")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)
     fig.savefig(path)
@@ -266,8 +375,11 @@ def plot_attempts(plt: Any, data: RunData, fig_data: Figures, path: Path, submit
         bar(y, last, a.end, "ending")
         v = a.verdict or {}
         code = a.exit_code if a.exit_code is not None else v.get("code")
-        ok = bool(v.get("ok")) if "ok" in v else code in (0, None)
-        words = str(v.get("message") or a.end_reason or ("running" if a.end is None else ""))
+        failed_verdict = v and not v.get("ok", True)
+        ok = code in (0, 85, None) and not failed_verdict
+        # Why it ended: a failed verdict's words; else how its history says it ended (a cancel, a pre-timeout
+        # stop), never the start-up check's "all ranks registered" of an attempt that was then cancelled.
+        words = str(v.get("message") if failed_verdict else (a.meaning or a.end_reason or ("running" if a.end is None else "")))
         label = (f"exit {code}: " if code is not None else "") + (words[:90] + ("..." if len(words) > 90 else ""))
         if a.next_how:
             label += f"  \u2192 next: {a.next_how}"
@@ -275,11 +387,12 @@ def plot_attempts(plt: Any, data: RunData, fig_data: Figures, path: Path, submit
         ax.text((x0 - origin) / div, y + 0.3, label, va="bottom", ha="left", fontsize=8.5,
                 color="#2ca02c" if ok else "#d62728", clip_on=False)
         prev = a
+    _verdicts_on_time(ax, fig_data.verdicts, origin, div)
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"attempt {a.number}\njob {a.job_id or '?'}" for a in reversed(data.attempts)], fontsize=9)
     ax.set_ylim(-0.6, n - 0.2)
     ax.set_xlabel(f"wall-clock time since the first attempt began ({unit})")
-    ax.set_title("Attempts: where the wall-clock time went (text: exit code, verdict, how the run went on)", fontsize=11)
+    ax.set_title("Attempts: where the wall-clock time went (text: why each ended, how the run went on)", fontsize=11)
     handles = [Patch(facecolor=c, label=label, hatch="//" if k == "gap" else None, edgecolor="#d62728" if k == "gap" else c)
                for k, (c, label) in GANTT.items()]
     fig.legend(handles=handles, loc="outside lower center", ncol=6, fontsize=8.5, frameon=False)
@@ -304,9 +417,13 @@ def plot_phases(plt: Any, fig_data: Figures, path: Path) -> None:
         label = "compute (forward, backward, optimizer)" if cat == "compute" else ("other (start)" if cat == "other" else cat)
         ax.barh(y, width, left=left, color=PHASE_COLOURS[cat], label=label, height=0.7)
         left += width
-    step = max(1, n // 40)
+    step = max(1, -(-n // 40))
+    blamed = _blamed_ranks(fig_data.verdicts)
     ax.set_yticks(y[::step])
-    ax.set_yticklabels([str(int(r)) for r in ranks[::step]])
+    ax.set_yticklabels([f"{int(r)} (blamed: {blamed[int(r)]})" if int(r) in blamed else str(int(r)) for r in ranks[::step]])
+    for label in ax.get_yticklabels():
+        if "blamed" in label.get_text():
+            label.set_color(VERDICT_COLOUR)
     ax.invert_yaxis()
     ax.set_ylabel("rank")
     ax.set_xlabel("seconds (all attempts)")
@@ -321,10 +438,10 @@ def draw_all(data: RunData, fig_data: Figures, out: Path, submitted: float | Non
     """Write every plot into `out`; returns the file names written."""
     plt = require()
     plt.rcParams.update({"font.size": 10, "axes.titlesize": 11.5})
-    plot_loss(plt, data, out / "loss.png")
+    plot_loss(plt, data, out / "loss.png", fig_data.verdicts)
     plot_step_time(plt, fig_data, out / "step_time.png")
     plot_heatmap(plt, fig_data, out / "heatmap.png")
-    plot_throughput(plt, data, out / "throughput.png")
+    plot_throughput(plt, data, out / "throughput.png", fig_data.verdicts)
     plot_attempts(plt, data, fig_data, out / "attempts.png", submitted)
     plot_phases(plt, fig_data, out / "phases.png")
     return list(FILES)

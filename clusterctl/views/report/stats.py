@@ -43,7 +43,7 @@ class StepTimes:
 
 @dataclass
 class Heatmap:
-    matrix: np.ndarray  # rows: rank bins, columns: step bins; NaN where no step was reported
+    matrix: np.ndarray  # rows: rank bins, columns: step bins: compute time / the step's median over ranks; NaN: no record
     step_lo: int
     step_hi: int  # exclusive
     ranks_per_row: int
@@ -58,6 +58,23 @@ class Figures:
     heatmap: Heatmap | None
     saves: list[list[tuple[float, float]]] = field(default_factory=list)  # per attempt: (start, seconds)
     first_step_at: list[float | None] = field(default_factory=list)  # per attempt: when its first step began
+    verdicts: list[VerdictMark] = field(default_factory=list)  # failed verdicts, for every plot to mark
+
+
+@dataclass(frozen=True)
+class VerdictMark:
+    """A failed verdict where the plots mark it: when (wall clock), at which step, and whom it blamed."""
+
+    attempt: int
+    t: float | None
+    step: int | None
+    code: int | None
+    ranks: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        blamed = ", ".join(map(str, self.ranks))
+        return f"{self.code}" + (f": rank {blamed}" if blamed else "")
 
 
 def warmup_mask(steps: np.ndarray) -> np.ndarray:
@@ -143,14 +160,39 @@ def phase_totals(attempts: list[AttemptData]) -> tuple[np.ndarray, np.ndarray, l
     return ranks, table, saves
 
 
+def relative_to_step_median(step: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Each value over the median of its step's values (all ranks' records of that step)."""
+    if step.size == 0:
+        return value.astype(np.float64)
+    _, group = np.unique(step, return_inverse=True)
+    order = np.lexsort((value, group))
+    counts = np.bincount(group)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    ordered = value[order]
+    median = (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2]) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(median[group] > 0, value / median[group], np.nan)
+
+
 def heatmap(attempts: list[AttemptData]) -> Heatmap | None:
-    """Rank x step matrix of step time, the max per bin so that one slow step in a bin still shows."""
-    rank_l = [a.timeline.step_rank for a in attempts if a.timeline.step_rank.size]
-    if not rank_l:
+    """Rank x step matrix of each rank's compute time over its step's median (step time where compute is not
+    recorded): under DDP every rank's step time is the same, the compute time is what tells the straggler.
+    The max per bin, so that one slow step in a bin still shows."""
+    with_steps = [a.timeline for a in attempts if a.timeline.step_rank.size]
+    if not with_steps:
         return None
-    rank = np.concatenate(rank_l)
-    step = np.concatenate([a.timeline.step_step for a in attempts if a.timeline.step_rank.size])
-    secs = np.concatenate([a.timeline.step_s for a in attempts if a.timeline.step_rank.size])
+    rank = np.concatenate([t.step_rank for t in with_steps])
+    step = np.concatenate([t.step_step for t in with_steps])
+    parts = []
+    for t in with_steps:  # per attempt: a redone step is compared with its own attempt's peers
+        compute = t.step_compute_s if t.step_compute_s.size == t.step_s.size else np.full(t.step_s.size, np.nan)
+        value = np.where(np.isfinite(compute) & (compute > 0), compute, t.step_s)
+        parts.append(relative_to_step_median(t.step_step, value))
+    secs = np.concatenate(parts)
+    keep = np.isfinite(secs)
+    rank, step, secs = rank[keep], step[keep], secs[keep]
+    if rank.size == 0:
+        return None
     lo, hi = int(step.min()), int(step.max()) + 1
     cols = min(HEATMAP_COLUMNS, hi - lo)
     r_lo, r_hi = int(rank.min()), int(rank.max()) + 1
@@ -175,10 +217,31 @@ def first_step_at(a: AttemptData) -> float | None:
     return None
 
 
+def verdict_marks(data: RunData) -> list[VerdictMark]:
+    """Each failed verdict with the step it came at (the last step rank 0 finished before it) and its culprits."""
+    marks = []
+    for a in data.attempts:
+        v = a.verdict or {}
+        if not v or v.get("ok", True):
+            continue
+        when = v.get("time") if isinstance(v.get("time"), (int, float)) else a.end
+        m = a.metrics
+        step = None
+        if m.step.size:
+            before = np.flatnonzero(m.t <= when) if when is not None else np.zeros(0, np.int64)
+            step = int(m.step[before[-1]]) if before.size else int(m.step[0])
+        elif a.timeline.step_step.size:
+            step = int(a.timeline.step_step.max())
+        ranks = tuple(int(c["rank"]) for c in v.get("culprits") or [] if isinstance(c.get("rank"), int))
+        code = v.get("code") if isinstance(v.get("code"), int) else None
+        marks.append(VerdictMark(a.number, float(when) if when is not None else None, step, code, ranks))
+    return marks
+
+
 def figures(data: RunData) -> Figures:
     ranks, table, saves = phase_totals(data.attempts)
     return Figures(step_times(data.attempts), table, ranks, heatmap(data.attempts), saves,
-                   [first_step_at(a) for a in data.attempts])
+                   [first_step_at(a) for a in data.attempts], verdict_marks(data))
 
 
 def binned(x: np.ndarray, y: np.ndarray, points: int = SERIES_POINTS) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

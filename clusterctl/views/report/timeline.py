@@ -39,7 +39,7 @@ PARALLEL_BYTES = 1 << 26  # a file this big is split across worker processes
 # Patterns built from the writer's layout (rundir/timeline.py); tests check every line it writes matches.
 _PHASE = timeline.pattern(timeline.PHASE, "kind", "at", ("rank", "phase", "at"))
 _PHASE_NO_AT = timeline.pattern(timeline.PHASE, "t", "phase", ("t", "rank", "phase"), start=rb"\{", end=rb"\}")
-_STEP = timeline.pattern(timeline.STEP, "kind", "step_s", ("rank", "step", "step_s"))
+_STEP = timeline.pattern(timeline.STEP, "kind", "compute_s", ("rank", "step", "step_s", "compute_s"))
 _RARE = re.compile(rb'"kind": ?"(?:gone|verdict)"')
 _PHASE_KEY = b'"phase":'
 
@@ -54,6 +54,7 @@ class Timeline:
     step_rank: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     step_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     step_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    step_compute_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))  # NaN where not given
     gone: dict[int, float] = field(default_factory=dict)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     slow_chunks: int = 0  # chunks read line by line (not in the watch server's layout)
@@ -77,11 +78,11 @@ def _cats(names: list[bytes] | tuple[bytes, ...]) -> np.ndarray:
 
 
 Parts = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray],
-              dict[int, float], list[dict[str, Any]], int]
+              dict[int, float], list[dict[str, Any]], int, list[np.ndarray]]  # the last: the steps' compute_s
 
 
 def _new_parts() -> Parts:
-    return ([], [], [], [], [], [], {}, [], 0)
+    return ([], [], [], [], [], [], {}, [], 0, [])
 
 
 def _rare(line: bytes, gone: dict[int, float], verdicts: list[dict[str, Any]]) -> None:
@@ -107,6 +108,7 @@ def _slow(chunk: bytes, parts: Parts) -> None:
     sr: list[int] = []
     ss: list[int] = []
     sd: list[float] = []
+    sc: list[float] = []
     for line in chunk.split(b"\n"):
         if _PHASE_KEY not in line and b'"kind"' not in line:
             continue
@@ -131,12 +133,15 @@ def _slow(chunk: bytes, parts: Parts) -> None:
                 sr.append(rank)
                 ss.append(step)
                 sd.append(float(dur))
+                compute = rec.get("compute_s")
+                sc.append(float(compute) if isinstance(compute, (int, float)) else float("nan"))
     parts[0].append(np.array(pr, np.int32))
     parts[1].append(np.array(pc, np.int8))
     parts[2].append(np.array(pa, np.float64))
     parts[3].append(np.array(sr, np.int32))
     parts[4].append(np.array(ss, np.int64))
     parts[5].append(np.array(sd, np.float64))
+    parts[9].append(np.array(sc, np.float64))
 
 
 # The vectorised reader: the watch server's layout, checked byte for byte with numpy over a whole chunk.
@@ -243,10 +248,11 @@ def _vector_chunk(chunk: bytes, parts: Parts) -> bool:
     srank, ok_sr = _numbers(buf, s0 + len(_LIT["step"]), s2)
     sstep, ok_ss = _numbers(buf, s3 + len(_LIT["stepn"]), s4)
     secs, ok_d = _numbers(buf, s6 + len(_LIT["step_s"]), s7)
+    csecs, ok_c = _numbers(buf, s7 + len(_LIT["compute"]), ends[st] - 1)
 
     if ph.size + st.size != chunk.count(_PHASE_KEY):
         return False  # a phase or step record in another layout
-    if not (ok_r.all() and ok_a.all() and ok_sr.all() and ok_ss.all() and ok_d.all()):
+    if not (ok_r.all() and ok_a.all() and ok_sr.all() and ok_ss.all() and ok_d.all() and ok_c.all()):
         return False  # a number this reader does not parse (an exponent, NaN): json.loads will
     parts[0].append(rank.astype(np.int32))
     parts[1].append(cat)
@@ -254,6 +260,7 @@ def _vector_chunk(chunk: bytes, parts: Parts) -> bool:
     parts[3].append(srank.astype(np.int32))
     parts[4].append(sstep.astype(np.int64))
     parts[5].append(secs)
+    parts[9].append(csecs)
     return True
 
 
@@ -283,10 +290,11 @@ def _chunk(chunk: bytes, parts: Parts) -> int:
         parts[1].append(_cats(name))
         parts[2].append(_floats(when))
     if steps:
-        rank, step, dur = zip(*steps)
+        rank, step, dur, compute = zip(*steps)
         parts[3].append(_ints(rank, np.int32))
         parts[4].append(_ints(step, np.int64))
         parts[5].append(_floats(dur))
+        parts[9].append(_floats(compute))
     return 0
 
 
@@ -318,7 +326,7 @@ def _read_range(path: str, start: int, stop: int) -> Parts:
             slow += _chunk(buf[:cut], parts)
         if rest:
             slow += _chunk(rest, parts)
-    return (*parts[:8], slow)  # type: ignore[return-value]
+    return (*parts[:8], slow, parts[9])  # type: ignore[return-value]
 
 
 def _splits(path: Path, size: int, n: int) -> list[tuple[int, int]]:
@@ -386,5 +394,6 @@ def _merge(results: list[Parts]) -> Timeline:
     return Timeline(
         phase_rank=joined(0, np.int32), phase_cat=joined(1, np.int8), phase_at=joined(2, np.float64),
         step_rank=joined(3, np.int32), step_step=joined(4, np.int64), step_s=joined(5, np.float64),
+        step_compute_s=joined(9, np.float64),
         gone=gone, verdicts=verdicts, slow_chunks=sum(r[8] for r in results),
     )
