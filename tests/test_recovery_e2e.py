@@ -10,6 +10,7 @@ it resumed, what Slurm says about the job, and that nothing is left queued.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -26,7 +27,7 @@ from clusterctl.actions.submit import Submitted, submit_job
 from clusterctl.backends import get_backend
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
-from clusterctl.rundir import RunDir, history
+from clusterctl.rundir import RunDir, history, rankmanifest
 from clusterctl.rundir import verdict as verdictfile
 
 INTERVAL = 10  # checkpoint.interval, steps
@@ -51,7 +52,15 @@ def submit(backend: str, tmp_path: Path, name: str, steps: int = 60, **extra: An
     }
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(spec))
-    return submit_job(load_job(path), backend)
+    project = tmp_path / "project"  # where the user types `clusterctl submit`: every job of the run runs there
+    project.mkdir(exist_ok=True)
+    with contextlib.chdir(project):
+        return submit_job(load_job(path), backend)
+
+
+def ranks_ran_in(run: RunDir, attempt: int) -> set[str]:
+    """The working directories the attempt's ranks registered (manifest.json)."""
+    return {r.get("cwd") for r in rankmanifest.iter_ranks(run.attempt(attempt) / rundir.MANIFEST)}
 
 
 def wait_for(what: str, check: Any, timeout: float = 120, run: RunDir | None = None) -> Any:
@@ -195,6 +204,7 @@ def test_a_lost_node_without_a_spare_continues_in_a_new_job_that_excludes_it(bac
     second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
     assert second["job_id"] == job2 != done.job_id and lost not in second["hosts"]
     assert first_step(run, 2) == step["committed_step"] + 1
+    assert ranks_ran_in(run, 2) == {str(tmp_path / "project")}  # the continuation runs where the user submitted
     st = status(run)
     assert st["state"] == "training" and st["job_id"] == get_backend(backend).display_id(job2), st
     assert [a["exit_code"] for a in st["attempts"]] == [ExitCode.NODE_LOST, None]
@@ -222,6 +232,7 @@ def test_a_pre_timeout_stop_continues_uncounted_and_the_job_is_not_failed(backen
     last = json.loads((run.attempt(1) / rundir.METRICS).read_text().splitlines()[-1])["step"]
     assert step["committed_step"] == last  # saved and committed at the step where the ranks stopped
     assert first_step(run, 2) == step["committed_step"] + 1  # budget 0, and still it went on
+    assert ranks_ran_in(run, 1) == ranks_ran_in(run, 2) == {str(tmp_path / "project")}
     assert cli("cancel", str(run.path)).exit_code == 0
     nothing_left(backend, run)
 
@@ -302,6 +313,7 @@ def test_requeue_by_hand_excludes_the_culprit_and_resumes_on_fewer_ranks(tmp_pat
     second = wait_for("attempt 2", lambda: (run.attempt(2) / rundir.ATTEMPT_JSON).exists() and json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text()), run=run)
     assert culprit not in second["hosts"] and len(second["hosts"]) == 1
     assert first_step(run, 2) == report["resume_step"] == nexts(run)[0]["committed_step"] + 1
+    assert ranks_ran_in(run, 2) == {str(tmp_path / "project")}  # requeued from wherever: runs where it was submitted
     assert cli("cancel", str(run.path)).exit_code == 0
     nothing_left("local", run)
 

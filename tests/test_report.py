@@ -255,3 +255,50 @@ def test_the_trainers_own_metrics_lines_keep_their_validation_loss(tmp_path: Pat
         m = read_metrics(path, None)
         assert len(m.step) == len(lines) and not m.t_derived
         assert int((~np.isnan(m.val_loss)).sum()) == sum('"val_loss"' in line for line in lines) > 0
+
+
+# --- what the plots show --------------------------------------------------------------------------------------
+
+
+def test_the_heatmap_shows_compute_relative_to_the_steps_median_and_the_verdict_blames_its_rank(straggler_run: Path) -> None:
+    from clusterctl.views.report.stats import figures
+
+    fig = figures(collect(RunDir(straggler_run)).data)
+    rows = np.nanmedian(fig.heatmap.matrix, axis=1)  # a rank's typical compute over its step's median
+    assert rows[2] == pytest.approx(STRAGGLER_FACTOR, rel=0.1)  # the straggler: a bright row on the 1x..2x scale
+    assert all(rows[r] == pytest.approx(1.0, abs=0.1) for r in (0, 1, 3))  # the healthy ranks: uniform
+    (_, x0, first, last), (_, start2, _, _) = fig.heatmap.spans  # attempts side by side: a restart hides nothing
+    per_x = fig.heatmap.matrix.shape[1] / fig.heatmap.width
+    gap = fig.heatmap.matrix[:, int((x0 + last - first + 2) * per_x): int(start2 * per_x)]
+    assert gap.size and np.isnan(gap).all()  # after the failed attempt: a grey gap where no rank reported
+    (mark,) = fig.verdicts  # attempt 1's straggler verdict, where the plots mark it
+    assert (mark.attempt, mark.code, mark.ranks, mark.label) == (1, 83, (2,), "83: rank 2")
+    assert mark.step is not None and mark.t is not None
+
+
+def test_throughput_drops_to_zero_across_a_stall_and_never_ramps() -> None:
+    from clusterctl.views.report.plots import rolling, with_drops
+
+    t = np.array([1.0, 2.0, 3.0, 4.0, 64.0, 65.0, 66.0])  # no step ended for 60 s after t=4
+    tps = np.full(t.size, 100.0)
+    med, lo, hi = rolling(tps, 3)
+    assert med.tolist() == [100.0] * 7 and lo.tolist() == hi.tolist() == [100.0] * 7
+    t2, (med2,) = with_drops(t, np.ones(t.size), [med])
+    assert t2.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 63.0, 64.0, 65.0, 66.0]  # two zeros inside the gap
+    assert med2.tolist() == [100.0] * 4 + [0.0, 0.0] + [100.0] * 3
+    same, _ = with_drops(t[:4], np.ones(4), [med[:4]])
+    assert same.tolist() == t[:4].tolist()  # steady steps: nothing inserted
+
+
+@pytest.mark.parametrize("ranks", [8, 512])
+def test_step_time_reads_in_seconds_at_8_and_at_512_ranks(ranks: int, tmp_path: Path) -> None:
+    run = write_synthetic_run(tmp_path, steps=60, ranks=ranks, attempts=1)
+    out = tmp_path / "r"
+    build_report(RunDir(run), out)
+    width, height = png_size(out / "step_time.png")
+    assert width <= 1200 and height <= 600  # one screen, whatever the rank count
+    import matplotlib.pyplot as plt
+
+    from clusterctl.views.report.plots import _seconds
+
+    assert [_seconds(plt)(v, None) for v in (0.6, 0.25, 1.5, 0)] == ["600 ms", "250 ms", "1.5 s", "0"]  # not 6x10^-1

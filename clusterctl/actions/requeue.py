@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import yaml
 
@@ -78,6 +79,13 @@ def write_files(run: RunDir, files: dict[str, str]) -> None:
         tmp.replace(run.path / name)
 
 
+def submit_dir(run: RunDir) -> Path:
+    """Where the run was submitted from (state.json `workdir`): its ranks' relative paths mean that directory.
+    Runs submitted before it was recorded, or whose directory is gone, submit from the run directory."""
+    recorded = run.read_state().get("workdir")
+    return Path(recorded) if isinstance(recorded, str) and Path(recorded).is_dir() else run.path
+
+
 def requeue_run(
     run: RunDir,
     exclude: list[str],
@@ -111,7 +119,7 @@ def requeue_run(
     report.exclude = list(dict.fromkeys(avoid))
     (run.path / CANCEL).unlink(missing_ok=True)
     options = [f"--exclude={hostlist.compress(report.exclude)}"] if report.exclude else []
-    submission = backend.submit(run.sbatch, run.path, options)
+    submission = backend.submit(run.sbatch, submit_dir(run), options)
     report.submitted = backend.display_id(submission.job_id)
     history.append(run, history.EVENT_REQUEUE, by="clusterctl requeue", next_job=submission.job_id, exclude=report.exclude,
                      overrides=overrides)

@@ -98,7 +98,7 @@ def submit_rendered(run: RunDir, backend: Backend, workdir: Path, options: list[
         run.write_state(state="failed", backend=name, reason=f"{type(exc).__name__}: {exc}")
         raise
     shown = backend.display_id(submission.job_id)
-    run.write_state(state="submitted", backend=name, job_id=shown)
+    run.write_state(state="submitted", backend=name, job_id=shown, workdir=str(workdir))  # a requeue submits from here too
     return Submitted(run, submission.job_id, name, tuple(_first_look(backend, submission.job_id)), shown)
 
 

@@ -87,7 +87,8 @@ def attempts_table(st: RunState, now: float | None = None) -> Table:
 
 def verdict_lines(st: RunState) -> list[Text]:
     """Each attempt's verdict in full, under the table where it has room."""
-    return [Text(f"  attempt {a.attempt}: {a.verdict}") for a in st.attempts if a.verdict]
+    return [Text(f"  attempt {a.attempt}: {a.verdict}") for a in st.attempts
+            if a.verdict and a.verdict not in (st.reason or "")]  # the headline said it already
 
 
 def run_screen(st: RunState, now: float | None = None) -> RenderableType:

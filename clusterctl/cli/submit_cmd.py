@@ -78,7 +78,8 @@ def register(app: typer.Typer) -> None:
         console = out_console()
         there = login_of(config, remote_target(remote), backend)
         if there is not None:
-            _submit_remote(config, *there, backend, code, code_on_cluster, dry_run, wait, console)
+            _submit_remote(config, *there, backend, code, code_on_cluster, dry_run, wait, err_console if as_json else console,
+                           as_json)
             return
         if code is not None or code_on_cluster is not None:
             raise ClusterctlError("--code and --code-on-cluster go with --remote (here the ranks run where you submit from)",
@@ -117,13 +118,18 @@ def _say_submitted(console: Console, job: PlannedJob, done: Submitted) -> None:
 
 
 def _submit_remote(config: JobConfig, host: str, command: str | None, transport: str, backend: str | None, code: Path | None,
-                   code_on_cluster: str | None, dry_run: bool, wait: bool, console: Console) -> None:
+                   code_on_cluster: str | None, dry_run: bool, wait: bool, console: Console, as_json: bool = False) -> None:
     """Render here, ship the run (and the code), submit on the login node; --wait follows it there."""
     console.print(f"connecting to {host} ...")
     done = submit_remote(config, host, command, transport, backend, code, code_on_cluster, dry_run)
     job = done.job
     with done.remote as link:
         where = f"{link.host}:{done.run_path}"
+        if as_json:
+            print(json.dumps({"run": done.run_path, "host": link.host, "job_id": done.display_id, "backend": done.backend,
+                              "dry_run": done.job_id is None, "ranks": job.plan.world_size, "nodes": job.plan.nodes,
+                              "spares": job.spec.spares, "workdir": str(done.workdir), "warnings": list(done.warnings)},
+                             indent=1), flush=True)
         print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
         if done.job_id is None:
             console.print(f"dry run: nothing submitted; run directory {where}")

@@ -40,6 +40,10 @@ def run_command(argv: list[str]) -> None:
             sys.argv = [args[1], *args[2:]]
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
             return
+        if args[0] == "-c" and len(args) > 1:  # the same interpreter as a script gets, and watched the same way
+            sys.argv = ["-c", *args[2:]]
+            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+            return
         if not args[0].startswith("-"):
             sys.argv = list(args)
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
@@ -118,6 +122,7 @@ def managed(argv: list[str]) -> int:
         "local_rank": info.local_rank,
         "host": info.host,
         "pid": os.getpid(),
+        "cwd": os.getcwd(),  # where the user's command runs: the submit directory, in every attempt and continuation
         "token": info.token,
         "attempt": info.attempt,
         "gpu": info.gpu,

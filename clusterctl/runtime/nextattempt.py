@@ -116,11 +116,14 @@ def clean_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[str, str]) -> str:
+    """The next job of the run, submitted from this job's own working directory (the user's submit directory,
+    or its --chdir), which sbatch hands on: the ranks' relative paths mean what they meant in the first job."""
     argv = ["sbatch", "--parsable", f"--dependency=afterany:{job_id}"]
     if exclude:
         argv.append(f"--exclude={hostlist.compress(exclude)}")
     argv.append(str(run.sbatch))
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False, env=clean_env(env), cwd=run.path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False, env=clean_env(env),
+                          cwd=os.getcwd())
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv)} failed: {(proc.stderr or proc.stdout).strip() or proc.returncode}")
     return proc.stdout.strip().split(";")[0]

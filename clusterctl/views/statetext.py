@@ -39,6 +39,7 @@ def progress(st: RunState) -> str:
 def culprits(st: RunState) -> str:
     found = st.attempts[-1].culprits if st.attempts else []
     named = [f"rank {c.get('rank')} on {c.get('host')}" if c.get("rank") is not None else str(c.get("host")) for c in found]
+    named = [n for n in named if n not in (st.reason or "")]  # each sentence once: the reason may name them already
     return "; culprit " + ", ".join(named) if named else ""
 
 

@@ -238,21 +238,31 @@ def plot_heatmap(plt: Any, fig_data: Figures, path: Path) -> None:
     r_hi = hm.rank_lo + rows * hm.ranks_per_row
     # A fixed scale, the same for every run: a healthy run's noise stays dark, a 1.5x straggler is half-way up.
     image = ax.imshow(hm.matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=HEATMAP_SCALE[0],
-                      vmax=HEATMAP_SCALE[1], extent=(hm.step_lo, hm.step_hi, r_hi - 0.5, hm.rank_lo - 0.5))
-    per_bin = max(1, (hm.step_hi - hm.step_lo) // cols)
+                      vmax=HEATMAP_SCALE[1], extent=(0, hm.width, r_hi - 0.5, hm.rank_lo - 0.5))
+    per_bin = max(1, hm.width // cols)
     bar = fig.colorbar(image, ax=ax, extend="both", pad=0.01, ticks=[1.0, 1.25, 1.5, 1.75, 2.0])
     bar.ax.set_yticklabels(["\u2264 1x", "1.25x", "1.5x", "1.75x", "\u2265 2x"])
-    bar.set_label("compute time \u00f7 the step's median over ranks" + ("" if per_bin == 1 else f" (max of {per_bin} steps)"))
+    bar.set_label("compute \u00f7 the step's median" + ("" if per_bin == 1 else f", max of {per_bin} steps"))
     if rows <= 32 and hm.ranks_per_row == 1:
         ax.set_yticks(np.arange(hm.rank_lo, r_hi))
     for rank, codes in _blamed_ranks(fig_data.verdicts).items():
         ax.annotate(f"\u25c0 blamed: {codes}", xy=(1.0, rank), xycoords=("axes fraction", "data"), xytext=(4, 0),
                     textcoords="offset points", ha="left", va="center", fontsize=9, color=VERDICT_COLOUR, weight="bold",
                     annotation_clip=False)
-    _verdicts_on_steps(ax, fig_data.verdicts)
+    for i, (number, x0, first, last) in enumerate(hm.spans):  # attempts side by side, each labelled with its steps
+        if x0 > 0:
+            ax.axvline(x0, color="#7f7f7f", linestyle="--", linewidth=1.0)
+        ax.annotate(f"attempt {number}: steps {first}-{last}", xy=(x0, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(3, 2 + 11 * (i % 2)), textcoords="offset points", ha="left", va="bottom", fontsize=8.5,
+                    color="#555555")  # staggered: a short attempt's label does not hide the next one's
+    for v in fig_data.verdicts:
+        x = hm.x_of(v.attempt, v.step) if v.step is not None else None
+        if x is not None:
+            _verdict_line(ax, x, v)
+    ax.set_xticks([])
     ax.set_ylabel("rank" if hm.ranks_per_row == 1 else f"rank ({hm.ranks_per_row} ranks per row, max)")
-    ax.set_xlabel("step")
-    ax.set_title("Compute time relative to the step's median (a straggler: a bright row; grey: no record, a hang)")
+    ax.set_xlabel("steps, attempt after attempt (a failed attempt is followed by a grey gap: no rank reported)")
+    ax.set_title("Compute time relative to the step's median (a straggler: a bright row; grey: no record)", pad=26)
     fig.savefig(path)
     plt.close(fig)
 
@@ -305,16 +315,20 @@ def with_drops(t: np.ndarray, step_s: np.ndarray, series: list[np.ndarray]) -> t
 
 
 def plot_throughput(plt: Any, data: RunData, path: Path, marks: list[VerdictMark] | None = None) -> None:
-    with_steps = [a for a in data.attempts if a.metrics.step.size and np.isfinite(a.metrics.tokens_per_s).any()]
+    tokens = any(a.metrics.step.size and np.isfinite(a.metrics.tokens_per_s).any() for a in data.attempts)
+    with_steps = [a for a in data.attempts if a.metrics.step.size
+                  and (np.isfinite(a.metrics.tokens_per_s).any() if tokens else np.isfinite(a.metrics.step_s).any())]
     if not with_steps:
-        _placeholder(plt, path, "Throughput", "no metrics.jsonl records with tokens_per_s")
+        _placeholder(plt, path, "Throughput", "no metrics.jsonl records with tokens_per_s or step_s")
         return
     origin, div, unit = _clock(data)
     fig, ax = plt.subplots(figsize=(11, 4.5), dpi=DPI, layout="constrained")
     for i, a in enumerate(with_steps):
         m, colour = a.metrics, _attempt_colour(i)
         window = max(1, min(ROLLING_STEPS, m.step.size // 10))
-        med, lo, hi = rolling(m.tokens_per_s, window)
+        with np.errstate(divide="ignore", invalid="ignore"):  # a script that records no tokens: steps per second
+            rate = m.tokens_per_s if tokens else np.where(m.step_s > 0, 1.0 / m.step_s, np.nan)
+        med, lo, hi = rolling(rate, window)
         t, (med, lo, hi) = with_drops(m.t, m.step_s, [med, lo, hi])
         x = (t - origin) / div
         bx, mean, _, _ = binned(x, med)
@@ -328,7 +342,7 @@ def plot_throughput(plt: Any, data: RunData, path: Path, marks: list[VerdictMark
     ax.yaxis.set_major_formatter(_thousands(plt))
     ax.set_ylim(bottom=0)
     ax.set_xlabel(f"wall-clock time since the first attempt began ({unit})")
-    ax.set_ylabel("tokens/s")
+    ax.set_ylabel("tokens/s" if tokens else "steps/s (the script records no tokens)")
     ax.set_title("Throughput: rolling median, band from min to max; a hang or a stall drops to zero")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)

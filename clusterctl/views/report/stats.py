@@ -43,11 +43,21 @@ class StepTimes:
 
 @dataclass
 class Heatmap:
+    """Attempts side by side on the x axis (a restart's steps do not hide the ones before it), each failed one
+    followed by a grey gap: where its ranks stopped reporting."""
+
     matrix: np.ndarray  # rows: rank bins, columns: step bins: compute time / the step's median over ranks; NaN: no record
-    step_lo: int
-    step_hi: int  # exclusive
+    width: int  # x runs from 0 to this: every attempt's steps, one after the other, and the gaps
     ranks_per_row: int
     rank_lo: int
+    spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (attempt, x where it starts, its first step, last)
+
+    def x_of(self, attempt: int, step: int) -> float | None:
+        """Where an attempt's step ends on the x axis."""
+        for number, x0, first, last in self.spans:
+            if number == attempt:
+                return float(x0 + min(max(step, first), last) - first + 1)
+        return None
 
 
 @dataclass
@@ -178,33 +188,41 @@ def heatmap(attempts: list[AttemptData]) -> Heatmap | None:
     """Rank x step matrix of each rank's compute time over its step's median (step time where compute is not
     recorded): under DDP every rank's step time is the same, the compute time is what tells the straggler.
     The max per bin, so that one slow step in a bin still shows."""
-    with_steps = [a.timeline for a in attempts if a.timeline.step_rank.size]
-    if not with_steps:
-        return None
-    rank = np.concatenate([t.step_rank for t in with_steps])
-    step = np.concatenate([t.step_step for t in with_steps])
-    parts = []
-    for t in with_steps:  # per attempt: a redone step is compared with its own attempt's peers
+    xs, ranks, values, spans = [], [], [], []
+    width = 0
+    total = sum(int(a.timeline.step_step.max() - a.timeline.step_step.min()) + 1 for a in attempts if a.timeline.step_rank.size)
+    for a in attempts:
+        t = a.timeline
+        if not t.step_rank.size:
+            continue
         compute = t.step_compute_s if t.step_compute_s.size == t.step_s.size else np.full(t.step_s.size, np.nan)
         value = np.where(np.isfinite(compute) & (compute > 0), compute, t.step_s)
-        parts.append(relative_to_step_median(t.step_step, value))
-    secs = np.concatenate(parts)
+        first, last = int(t.step_step.min()), int(t.step_step.max())
+        xs.append(width + t.step_step - first)
+        ranks.append(t.step_rank)
+        values.append(relative_to_step_median(t.step_step, value))  # a redone step: compared with its own attempt's peers
+        spans.append((a.number, width, first, last))
+        width += last - first + 1
+        if a.verdict and not a.verdict.get("ok", True):
+            width += max(1, total // 25)  # the grey gap, wide enough to see: where the ranks stopped reporting
+    if not xs:
+        return None
+    x, rank, secs = np.concatenate(xs), np.concatenate(ranks), np.concatenate(values)
     keep = np.isfinite(secs)
-    rank, step, secs = rank[keep], step[keep], secs[keep]
+    x, rank, secs = x[keep], rank[keep], secs[keep]
     if rank.size == 0:
         return None
-    lo, hi = int(step.min()), int(step.max()) + 1
-    cols = min(HEATMAP_COLUMNS, hi - lo)
+    cols = min(HEATMAP_COLUMNS, width)
     r_lo, r_hi = int(rank.min()), int(rank.max()) + 1
     per_row = max(1, -(-(r_hi - r_lo) // HEATMAP_ROWS))
     rows = -(-(r_hi - r_lo) // per_row)
-    col = ((step - lo) * cols) // (hi - lo)
+    col = (x * cols) // width
     row = (rank - r_lo) // per_row
     flat = np.full(rows * cols, -np.inf)
     np.maximum.at(flat, row * cols + col, secs)
     matrix = flat.reshape(rows, cols)
     matrix[np.isneginf(matrix)] = np.nan
-    return Heatmap(matrix, lo, hi, per_row, r_lo)
+    return Heatmap(matrix, width, per_row, r_lo, spans)
 
 
 def first_step_at(a: AttemptData) -> float | None:
