@@ -6,11 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test sysdeps bench schema clean
+.PHONY: demo test sysdeps bench schema docs docs-serve clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,report,submitit]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,report,submitit,docs]'
 	# torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet --disable-pip-version-check 'torch==2.13.0' numpy
 	# The framework adapters' tests run the frameworks (torch is in place: nothing pulls another).
@@ -48,8 +48,17 @@ test: $(STAMP) sysdeps
 bench: $(STAMP)
 	$(BIN)/python bench/plan_scale.py
 
+# The documentation site into site/ (its reference pages generated from the code); docs-serve on 127.0.0.1:8000.
+# (The two variables silence a notice a theme release prints about MkDocs' future; extras pin mkdocs<2.)
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict
+
+docs-serve: $(STAMP)
+	$(MKDOCS) serve
+
 schema: $(STAMP)
 	$(BIN)/clusterctl schema > clusterctl/job.schema.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis site

@@ -49,7 +49,7 @@ CpuList = Annotated[str, Field(description="CPU list such as 0-13,112-125")]
 class Gpu(Section):
     """One GPU slot of a node type, and what is closest to it."""
 
-    index: NonNegativeInt
+    index: NonNegativeInt = Field(description="the GPU's index on the node (nvidia-smi's), 0, 1, ... in order")
     numa: NonNegativeInt | None = Field(None, description="NUMA node closest to the GPU")
     cpus: CpuList | None = Field(None, description="CPUs to bind the GPU's rank to")
     nics: list[str] = Field(default_factory=list, description="NICs this GPU's rank uses, best first")
@@ -65,18 +65,22 @@ class Nic(Section):
     rail: NonNegativeInt | None = Field(None, description="rail (leaf switch plane); none for storage/management NICs")
     port: PositiveInt = Field(1, description="HCA port, as in NCCL_IB_HCA=mlx5_0:1")
     netdev: str | None = Field(None, description="network interface of this NIC (for UCX/socket transports)")
-    kind: Literal["ib", "roce", "ethernet", "efa", "slingshot", "loopback"] = "ib"
+    kind: Literal["ib", "roce", "ethernet", "efa", "slingshot", "loopback"] = Field(
+        "ib", description="the link: InfiniBand, RoCE, Ethernet, EFA, Slingshot or loopback"
+    )
 
 
 class NodeType(Section):
-    gpu_model: str
-    gpu_vendor: Literal["nvidia", "amd", "emulated"] = "nvidia"
+    gpu_model: str = Field(description="the GPU's model name, e.g. H100-SXM5-80GB (shown in plans and reports)")
+    gpu_vendor: Literal["nvidia", "amd", "emulated"] = Field(
+        "nvidia", description="nvidia, amd, or emulated (the local and test sites: no GPU hardware)"
+    )
     gpu_memory_gb: float = Field(gt=0, description="memory per GPU in GB (10^9 bytes)")
     nvlink_domain: PositiveInt = Field(description="GPUs per NVLink (or Infinity Fabric) domain")
-    sockets: PositiveInt = 1
-    gpus: list[Gpu] = Field(min_length=1)
-    nics: dict[str, Nic] = Field(default_factory=dict)
-    features: list[str] = Field(default_factory=list)
+    sockets: PositiveInt = Field(1, description="CPU sockets per node")
+    gpus: list[Gpu] = Field(min_length=1, description="every GPU of the node: its NUMA node, CPUs and NICs (the rail map)")
+    nics: dict[str, Nic] = Field(default_factory=dict, description="the node's NICs by name: rail, port, interface, kind")
+    features: list[str] = Field(default_factory=list, description="Slurm node features these nodes have (for --constraint)")
 
     @field_validator("gpu_memory_gb", mode="before")
     @classmethod
@@ -92,9 +96,9 @@ class NodeType(Section):
 
 
 class Partition(Section):
-    node_type: str
+    node_type: str = Field(description="the node type (a key of node_types) of every node in the partition")
     nodes: str | None = Field(None, description="hostlist of the partition's nodes, e.g. gpu-[001-128]")
-    default: bool = False
+    default: bool = Field(False, description="the partition a spec without `partition` uses (one at most)")
     max_time: str | None = Field(None, description="Slurm MaxTime: 2-00:00:00, 48:00:00, 4h, or minutes")
 
     @field_validator("max_time")
@@ -106,26 +110,30 @@ class Partition(Section):
 
 
 class Switch(Section):
-    name: str
+    name: str = Field(description="the switch's name, as in topology.conf")
     nodes: str | None = Field(None, description="hostlist of nodes on this (leaf) switch")
     switches: str | None = Field(None, description="hostlist of child switches")
 
 
 class Block(Section):
-    name: str
-    nodes: str
+    name: str = Field(description="the block's name, as in topology.conf")
+    nodes: str = Field(description="hostlist of the block's nodes (an NVLink domain spanning nodes: NVL72)")
 
 
 class Topology(Section):
-    kind: Literal["tree", "block", "flat"] = "flat"
-    switches: list[Switch] = Field(default_factory=list)
-    blocks: list[Block] = Field(default_factory=list)
-    block_sizes: list[PositiveInt] = Field(default_factory=list)
+    kind: Literal["tree", "block", "flat"] = Field(
+        "flat", description="Slurm's topology plugin: tree (switches), block (NVL domains) or flat (none)"
+    )
+    switches: list[Switch] = Field(default_factory=list, description="the switch tree (kind tree), as topology.conf lists it")
+    blocks: list[Block] = Field(default_factory=list, description="the blocks (kind block), as topology.conf lists them")
+    block_sizes: list[PositiveInt] = Field(
+        default_factory=list, description="topology.conf BlockSizes: the allocation sizes a block serves"
+    )
 
 
 class Network(Section):
     interface: str | None = Field(None, description="interface whose address is the rendezvous address")
-    address_family: Literal["ipv4", "ipv6"] = "ipv4"
+    address_family: Literal["ipv4", "ipv6"] = Field("ipv4", description="the rendezvous and heartbeat sockets' address family")
     addresses: dict[str, str] = Field(default_factory=dict, description="node name -> address (no DNS)")
     port_range: tuple[PositiveInt, PositiveInt] = Field((20000, 29999), description="MASTER_PORT range")
     ephemeral_range: tuple[PositiveInt, PositiveInt] = Field(
@@ -169,7 +177,7 @@ class Reliability(Section):
 
 
 class ContainerRuntime(Section):
-    plugin: Literal["pyxis", "none"] = "none"
+    plugin: Literal["pyxis", "none"] = Field("none", description="how images run: pyxis (srun --container-image) or none")
 
 
 LOGIN_HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]+$")
@@ -201,18 +209,20 @@ class Expected(Section):
 class Site(Section):
     """A cluster as its admin describes it."""
 
-    name: str
-    description: str = ""
+    name: str = Field(description="the site's name (what a spec's `site` says)")
+    description: str = Field("", description="free text for people: what this cluster is")
     partitions: dict[str, Partition] = Field(min_length=1, description="the Slurm partitions jobs may use, by name")
     node_types: dict[str, NodeType] = Field(min_length=1, description="the kinds of GPU node, by name")
-    topology: Topology = Field(default_factory=Topology)
-    network: Network = Field(default_factory=Network)
+    topology: Topology = Field(default_factory=Topology, description="the network's shape as Slurm's topology plugin sees it")
+    network: Network = Field(default_factory=Network, description="how ranks reach each other: interface, addresses, ports")
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment for every rank (NCCL/UCX)")
     modules: list[Annotated[str, Field(pattern=MODULE_NAME.pattern)]] = Field(
         default_factory=list, description="environment modules every job loads: letters, digits, . _ + / @ -"
     )
-    container: ContainerRuntime = Field(default_factory=ContainerRuntime)
-    reliability: Reliability = Field(default_factory=Reliability)
+    container: ContainerRuntime = Field(default_factory=ContainerRuntime, description="the container runtime the site offers")
+    reliability: Reliability = Field(
+        default_factory=Reliability, description="suspect nodes: how long they are avoided, the drain hook"
+    )
     templates: PlainPath | None = Field(None, description="directory of templates overriding the shipped ones")
     oversubscribe: bool = Field(False, description="emulated GPUs may share CPUs (local and test sites)")
     runs_root: PlainPath | None = Field(

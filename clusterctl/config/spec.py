@@ -154,14 +154,14 @@ class ModelShape(Section):
     """Model size: either `params`, or the transformer shape (or both)."""
 
     params: ParamCount | None = Field(None, description="total parameter count (overrides the shape-derived count)")
-    layers: PositiveInt | None = None
-    hidden: PositiveInt | None = None
-    heads: PositiveInt | None = None
+    layers: PositiveInt | None = Field(None, description="transformer layers (divisible by parallel.pp, or pp*vpp)")
+    hidden: PositiveInt | None = Field(None, description="hidden size (divisible by heads)")
+    heads: PositiveInt | None = Field(None, description="attention heads (divisible by parallel.tp)")
     kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); defaults to heads")
     ffn: PositiveInt | None = Field(None, description="MLP hidden size; defaults to 4*hidden")
-    vocab: PositiveInt | None = None
+    vocab: PositiveInt | None = Field(None, description="vocabulary size (the embedding and output layers' rows)")
     gated_mlp: bool = Field(True, description="SwiGLU-style MLP with three matrices")
-    tied_embeddings: bool = False
+    tied_embeddings: bool = Field(False, description="the output layer shares the input embedding's weights")
     experts: NonNegativeInt = Field(0, description="MoE experts per layer (0 = dense)")
 
     @model_validator(mode="after")
@@ -250,7 +250,9 @@ class Checkpoint(Section):
     save_seconds: float | None = Field(
         None, gt=0, description="measured time of one save (default: estimated from the state size and the site's bandwidth)"
     )
-    mtbf: Seconds | None = Field(None, description="mean time between failures of the whole job (default: the site's node MTBF / nodes)")
+    mtbf: Seconds | None = Field(
+        None, description="mean time between failures of the whole job (default: the site's node MTBF / nodes)"
+    )
 
 
 class Restart(Section):
@@ -386,7 +388,9 @@ class Qualify(Section):
     target_loss: float | None = Field(
         None, gt=0, allow_inf_nan=False, description="quality target (validation loss); time to reach it is the headline"
     )
-    nodes: list[PositiveInt] | None = Field(None, description="node counts of the scaling rung (default: 1, 2, 4, ... up to nodes)")
+    nodes: list[PositiveInt] | None = Field(
+        None, description="node counts of the scaling rung (default: 1, 2, 4, ... up to nodes)"
+    )
     balance: float = Field(1.25, gt=1.0, description="one node: the slowest rank's median step time over the fastest's, at most")
     efficiency: float = Field(0.7, gt=0, le=1.0, description="scaling efficiency (speedup / nodes), at least")
     data_samples: PositiveInt = Field(1024, description="samples in the data rung's token shards (an epoch)")
@@ -421,28 +425,40 @@ class JobSpec(Section):
     nodes: PositiveInt | None = Field(None, description="nodes running ranks (derived from the parallel dims)")
     gpus_per_node: PositiveInt | None = Field(None, description="ranks per node (default: the node type's GPUs)")
     spares: NonNegativeInt = Field(0, description="extra nodes allocated to replace failing ones")
-    parallel: Parallel = Field(default_factory=Parallel)
-    batch: Batch = Field(default_factory=Batch)
+    parallel: Parallel = Field(
+        default_factory=Parallel, description="parallel dimensions: tp, pp, vpp, cp, ep (dp follows from the ranks)"
+    )
+    batch: Batch = Field(
+        default_factory=Batch, description="micro-batch, global batch and gradient accumulation (two of the three)"
+    )
     seq_len: PositiveInt = Field(2048, description="sequence length in tokens")
     model: ModelShape | None = Field(None, description="model size, for the memory estimate and layer checks")
-    precision: Precision = Field(default_factory=Precision)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
+    precision: Precision = Field(default_factory=Precision, description="parameter, gradient and optimizer-state dtypes")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field(
+        "adamw", description="optimizer, for the memory estimate and the reference trainer"
+    )
     sharding: Literal["none", "zero1", "zero2", "zero3", "full_shard", "hybrid_shard"] = Field(
         "none", description="optimizer/gradient/parameter sharding over dp*cp (full_shard = zero3 = FSDP)"
     )
     hybrid_shard_group: PositiveInt | None = Field(
         None, description="ranks per shard group for hybrid_shard (default: the dp*cp ranks on one node)"
     )
-    recompute: Literal["none", "selective", "full"] = "selective"
+    recompute: Literal["none", "selective", "full"] = Field(
+        "selective", description="activation recomputation, for the memory estimate: none, selective (attention) or full"
+    )
     time_limit: SlurmMinutes = Field(..., description="wall time: 4h, 90m, 1-00:00:00; bare numbers are minutes")
-    topology: Topology = Field(default_factory=Topology)
-    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
-    restart: Restart = Field(default_factory=Restart)
-    watchdog: Watchdog = Field(default_factory=Watchdog)
-    preflight: Preflight = Field(default_factory=Preflight)
-    signal: Signal = Field(default_factory=Signal)
-    rendezvous: Rendezvous = Field(default_factory=Rendezvous)
-    container: Container = Field(default_factory=Container)
+    topology: Topology = Field(
+        default_factory=Topology, description="placement: switches, features, nodes to exclude, NVLink rules"
+    )
+    checkpoint: Checkpoint = Field(
+        default_factory=Checkpoint, description="where, how often and how many checkpoints (the recovery contract)"
+    )
+    restart: Restart = Field(default_factory=Restart, description="what happens after an attempt fails: mode and budget")
+    watchdog: Watchdog = Field(default_factory=Watchdog, description="hang and straggler detection: timeouts, window, factor")
+    preflight: Preflight = Field(default_factory=Preflight, description="checks every rank runs before the rendezvous")
+    signal: Signal = Field(default_factory=Signal, description="the pre-timeout signal: which and how long before the time limit")
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="the controller's store: timeout and address family")
+    container: Container = Field(default_factory=Container, description="a container image for the ranks (pyxis)")
     modules: list[Annotated[str, Field(pattern=MODULE_NAME.pattern)]] = Field(
         default_factory=list, description="environment modules to load: letters, digits, . _ + / @ -"
     )
