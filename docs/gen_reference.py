@@ -4,8 +4,12 @@ from pathlib import Path
 
 import mkdocs_gen_files
 
-from clusterctl.docsgen import pages
+from clusterctl.docsgen import images, pages
 
-for path, text in pages(Path(__file__).resolve().parent.parent).items():
+ROOT = Path(__file__).resolve().parent.parent
+for path, text in pages(ROOT).items():
     with mkdocs_gen_files.open(path, "w") as fh:
         fh.write(text)
+for path, data in images(ROOT).items():
+    with mkdocs_gen_files.open(path, "wb") as fh:
+        fh.write(data)

@@ -43,9 +43,11 @@ def cancel_slurm_jobs_under(tmp_path: Path) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _own_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test remembers its own runs roots (rundir/roots.py): a run id one test made never resolves in another."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+def _own_state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test has its own user state: the runs roots it submitted into (rundir/roots.py) and the local
+    backend's jobs, so a run id or `local-N` one test made never resolves in another (or the machine's own)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "user-state"))
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
 
 
 @pytest.fixture(autouse=True)

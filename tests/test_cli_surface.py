@@ -51,6 +51,7 @@ def make_run(root: Path, name: str, job: str, backend: str = "local") -> RunDir:
 
 
 def test_a_run_is_found_by_id_or_job_id_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))  # its job 7 is not this machine's
     elsewhere = tmp_path / "project" / "runs"
     run = make_run(elsewhere, "hello-20270101-000000-ab12", "7")
     roots.remember(elsewhere)  # as `submit` does
@@ -68,7 +69,9 @@ def test_a_run_is_found_by_id_or_job_id_from_any_directory(tmp_path: Path, monke
     assert cli("status", "local-99", cwd=away).exit_code == ExitCode.USAGE  # `local-` names local runs only
 
 
-def test_a_missing_or_ambiguous_run_exits_2_in_every_command_and_says_where_it_looked(tmp_path: Path) -> None:
+def test_a_missing_or_ambiguous_run_exits_2_in_every_command_and_says_where_it_looked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))  # a local backend that ran none of them
     for root in ("a", "b"):
         make_run(tmp_path / root / "runs", f"{root}-20270101-000000-ab12", "5")
         roots.remember(tmp_path / root / "runs")
@@ -83,6 +86,12 @@ def test_a_missing_or_ambiguous_run_exits_2_in_every_command_and_says_where_it_l
     # --runs-root narrows the search to one root: the same name is then one run.
     one = cli("status", "local-5", "--runs-root", tmp_path / "b" / "runs", "--json", cwd=tmp_path)
     assert one.exit_code == 0 and json.loads(one.stdout)["run"].startswith("b-")
+    # The local backend knows which run its own job 5 was: no ambiguity (local job numbers restart per state directory).
+    ran = tmp_path / "local-state" / "jobs" / "5"
+    ran.mkdir(parents=True)
+    (ran / "job.json").write_text(json.dumps({"script": str(tmp_path / "a" / "runs" / "a-20270101-000000-ab12" / "job.sbatch")}))
+    mine = cli("status", "local-5", "--json", cwd=tmp_path)
+    assert mine.exit_code == 0 and json.loads(mine.stdout)["run"].startswith("a-"), mine.output
 
 
 # --- options mean one thing everywhere -------------------------------------------------------------------------

@@ -5,9 +5,10 @@ else in every root this machine knows, in order: $CLUSTERCTL_RUNS_ROOTS
 (colon-separated), the `runs_root` of every site it knows (shipped,
 ./site-configs, $CLUSTERCTL_SITES), the roots its user submitted into
 (rundir/roots.py: a spec's runs_root, a submitit folder), and ./runs. A run
-id is matched first, then a job id (`local-7` only among local runs, `7`
-among all). No match, or matches in two places, is a usage error (exit 2)
-that says where it looked.
+id is matched first, then a job id: `local-7` is asked of this machine's
+local backend (its job 7's batch script is the run's), else looked for
+among local runs; `7` among all. No match, or matches in two places, is a
+usage error (exit 2) that says where it looked.
 """
 
 from __future__ import annotations
@@ -92,11 +93,30 @@ def _by_job(job: str, root: Path) -> Path | None:
     return None
 
 
+def _local_job(job: str, root: Path | None) -> Path | None:
+    """`local-N` as this machine's local backend knows it: the run whose batch script it ran as job N."""
+    from clusterctl.backends.local.records import JobRecord, state_root
+
+    number = jobid.local_number(job)
+    if not job.strip().startswith(jobid.LOCAL_PREFIX) or number is None:
+        return None
+    record = JobRecord(state_root(), number)
+    try:
+        run = Path(str(record.spec.get("script", ""))).parent if record.exists() else None
+    except (OSError, ValueError):
+        return None
+    if run is None or not is_run(run) or (root is not None and runs_root(root) not in run.parents):
+        return None
+    return run
+
+
 def resolve_run(arg: str, root: Path | None = None) -> RunDir:
     """The run RUN names (see the module's docstring); a usage error that says where it looked."""
     given = Path(arg).expanduser()
     if given.is_dir():
         return _checked(given)
+    if (local := _local_job(arg, root)) is not None:
+        return _checked(local)  # the job this machine ran: no guessing across runs roots
     where = search_roots(root)
     found: list[Path] = []
     if os.sep not in arg:

@@ -31,3 +31,8 @@ def pages(root: Path) -> dict[str, str]:
         "reference/records.md": records.markdown(root / "examples" / "quickstart.yaml"),
         "benchmarks.md": (root / "bench" / "README.md").read_text(encoding="utf-8"),
     }
+
+
+def images(root: Path) -> dict[str, bytes]:
+    """The example reports' plots (examples/report/), for the guide pages that show them."""
+    return {f"images/report/{p.parent.name}/{p.name}": p.read_bytes() for p in sorted((root / "examples" / "report").glob("*/*.png"))}

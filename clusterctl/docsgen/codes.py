@@ -12,4 +12,6 @@ def markdown() -> str:
         meaning, effect = DESCRIPTIONS[code]
         rows.append(f"| {int(code)} | `{code.name}` | {meaning} | {effect} |")
     head = (exitcodes.__doc__ or "").strip()
-    return "# Exit codes\n\n" + head + "\n\n" + "\n".join(rows) + "\n"
+    tail = ("A bad spec or site exits 65 with one message listing every problem (field path, line in the file or"
+            " \"from --set\", the value given and what is allowed) and writes nothing.")
+    return "# Exit codes\n\n" + head + "\n\n" + "\n".join(rows) + "\n\n" + tail + "\n"

@@ -80,7 +80,7 @@ def listen_backlog() -> int:
     At 16,384 ranks a 4,096 backlog overflowed thousands of times and each
     dropped connect was retried 1-3 s later. torch's store listens again
     with its own 16,384 once it starts; the kernel caps both at somaxconn,
-    which only the admin can raise (see the README).
+    which only the admin can raise (see docs/admin/scale.md).
     """
     try:
         return max(1, min(int(SOMAXCONN.read_text()), 2**31 - 1))

@@ -2,7 +2,7 @@
 
 The batch script asks after every attempt (through runtime/nextattempt.py,
 which gathers the facts and carries the decision out). The policy, from the
-exit-code table in the README:
+exit-code table in the reference (clusterctl/exitcodes.py):
 
 * 0 ends the run; 93 (do not requeue) and 87 stop it; so does a cancel.
 * 85 (pre-timeout or preemption, checkpoint committed) leaves the allocation:

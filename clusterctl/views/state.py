@@ -8,7 +8,7 @@ the checkpoints, and names the state. The scheduler is asked at most once
 for all the runs shown, and only about jobs the run directory cannot settle;
 a job it has forgotten is read from the run directory alone.
 
-Goodput (the README's "Goodput" says the same): the allocated GPU time of
+Goodput (docs/guide/day-to-day.md says the same): the allocated GPU time of
 each attempt (from its start to the next attempt's start in the same job,
 else to its end, times the allocation's GPUs, spares included) is split into
 
