@@ -41,6 +41,8 @@ sysdeps:
 	  || echo "warning: could not install Slurm's packages; the tests that compare with scontrol will be skipped"
 	@test -x /usr/sbin/sshd || { apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-server; } \
 	  || echo "warning: could not install openssh-server; the ssh test servers' tests will be skipped"
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; } \
+	  || echo "warning: could not install chromium; the documentation's browser test will be skipped"
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
