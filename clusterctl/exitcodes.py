@@ -31,7 +31,7 @@ class ExitCode(IntEnum):
 
 
 # Meaning, and what each code does to the run (runtime/recovery.py), as documented in the
-# README (kept in one table so the docs test can compare them).
+# documentation's exit-codes page (generated from this table: clusterctl/docsgen/codes.py).
 DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.OK: ("success", "-"),
     ExitCode.BUG: ("unexpected error (a bug: message + where to report)", "no"),

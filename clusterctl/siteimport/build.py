@@ -6,7 +6,7 @@ gres.conf, plus `ImportOptions` from the command line. The output is a plain
 dict in the site config's layout, checked with `clusterctl.config.site` before it
 is returned, and its YAML.
 
-How each GPU's NIC is chosen (documented in the README):
+How each GPU's NIC is chosen (documented in docs/admin/sites.md):
 
 1. Distances rank PIX < PXB < PHB < NODE < SYS. NICs named with
    `--exclude-nic` (and, on a live node, NICs with no active port) are never
@@ -292,7 +292,7 @@ def node_type_from_facts(
     if shared:
         warnings.append(
             f"{src}: GPU {format_cpulist(shared)} share their CPU lists;"
-            " each got a contiguous share of whole cores (see the README's CPU split rule)"
+            " each got a contiguous share of whole cores (see docs/admin/sites.md, the CPU split rule)"
         )
 
     # NICs.
@@ -559,7 +559,7 @@ def to_yaml(built: Built) -> str:
         f"# Site {built.data['name']}: written by `clusterctl site import` from {', '.join(built.sources)}.",
         "# Each GPU's NIC is the closest one in `nvidia-smi topo -m` (PIX < PXB < PHB < NODE < SYS), ties dealt",
         "# out one per GPU; NICs no GPU chose (storage, management) have no rail. GPUs sharing a socket's CPU",
-        "# list got contiguous shares of whole cores. See the README, 'For admins: encoding a site'.",
+        "# list got contiguous shares of whole cores. See docs/admin/sites.md, 'Encoding a site'.",
     ]
     if built.warnings:
         header.append("# Check before use:")

@@ -6,7 +6,7 @@ the four GPUs of socket 0 of a DGX H100). A site config binds each rank to
 its own CPUs, and `site validate` rejects overlapping sets, so the importer
 splits each shared list between the GPUs that share it.
 
-The rule (documented in the README):
+The rule (documented in docs/admin/sites.md):
 
 1. GPUs whose CPU lists overlap form a group; the group's CPUs are the union.
 2. The CPUs are grouped into physical cores. On a live node the kernel says

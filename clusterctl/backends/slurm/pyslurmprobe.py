@@ -27,7 +27,7 @@ from pathlib import Path
 
 DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
 PROBE_TIMEOUT_S = 30.0
-INSTALL_HINT = "pip install ../shared/vendor/pyslurm/pyslurm-22.5.3-*.whl (the `pyslurm` extra; see README)"
+INSTALL_HINT = "pip install ../shared/vendor/pyslurm/pyslurm-22.5.3-*.whl (the `pyslurm` extra; see docs/admin/pyslurm.md)"
 _VERSION = re.compile(r"(\d+)\.(\d+)")
 
 loaded_conf: str | None = None
