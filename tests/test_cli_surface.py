@@ -189,3 +189,11 @@ def test_site_names_are_found_in_site_configs_and_an_unknown_gpu_is_never_guesse
 def test_suspects_names_a_missing_runs_root(tmp_path: Path) -> None:
     result = cli("suspects", cwd=tmp_path)
     assert result.exit_code == ExitCode.USAGE and f"no runs root {tmp_path / 'runs'}" in result.output
+
+
+def test_the_remembered_runs_roots_are_readable_by_their_user_alone(tmp_path: Path) -> None:
+    roots.remember(tmp_path / "runs")
+    roots.remember(tmp_path / "other")
+    written = roots.state_dir() / roots.FILE
+    assert roots.remembered() == [tmp_path / "other", tmp_path / "runs"]  # newest first
+    assert written.stat().st_mode & 0o077 == 0 and roots.state_dir().stat().st_mode & 0o077 == 0

@@ -39,8 +39,10 @@ def remember(root: Path) -> None:
     directory = state_dir()
     tmp = directory / f".{FILE}.{os.getpid()}"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp.write_text("".join(f"{p}\n" for p in roots), encoding="utf-8")
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # where this user's runs are: theirs alone
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("".join(f"{p}\n" for p in roots))
         os.replace(tmp, directory / FILE)
     except OSError:
         tmp.unlink(missing_ok=True)
