@@ -67,6 +67,10 @@ def test_a_run_is_found_by_id_or_job_id_from_any_directory(tmp_path: Path, monke
     monkeypatch.setenv("CLUSTERCTL_RUNS_ROOTS", f"{tmp_path / 'nowhere'}:{listed.path.parent}")
     assert json.loads(cli("status", "99", "--json", cwd=away).stdout)["run"] == listed.path.name
     assert cli("status", "local-99", cwd=away).exit_code == ExitCode.USAGE  # `local-` names local runs only
+    # Slurm's job 7 beside local job 7: a bare 7 is Slurm's (Slurm's ids have no prefix), local-7 the local one.
+    slurm7 = make_run(listed.path.parent, "slurm-20270101-000000-ef56", "7", backend="slurm")
+    assert json.loads(cli("status", "7", "--json", cwd=away).stdout)["run"] == slurm7.path.name
+    assert json.loads(cli("status", "local-7", "--json", cwd=away).stdout)["run"] == run.path.name
 
 
 def test_a_missing_or_ambiguous_run_exits_2_in_every_command_and_says_where_it_looked(

@@ -7,7 +7,7 @@ else in every root this machine knows, in order: $CLUSTERCTL_RUNS_ROOTS
 (rundir/roots.py: a spec's runs_root, a submitit folder), and ./runs. A run
 id is matched first, then a job id: `local-7` is asked of this machine's
 local backend (its job 7's batch script is the run's), else looked for
-among local runs; `7` among all. No match, or matches in two places, is a
+among local runs; `7` among the scheduler's runs, then the local ones. No match, or matches in two places, is a
 usage error (exit 2) that says where it looked.
 """
 
@@ -74,21 +74,19 @@ def search_roots(given: Path | None) -> list[Path]:
     return ordered
 
 
-def _by_job(job: str, root: Path) -> Path | None:
-    """The newest run under `root` that has had job `job` (submitted, continued or requeued into it)."""
+def _by_job(job: str, root: Path, local: bool) -> Path | None:
+    """The newest run under `root` that has had job `job` (submitted, continued or requeued into it), among the
+    local backend's runs (`local`) or the scheduler's."""
     from clusterctl.actions.runjobs import run_jobs
 
     native = jobid.native(job)
-    local_only = job.strip().startswith(jobid.LOCAL_PREFIX)
     if not native.isdigit() or not root.is_dir():
         return None
     for path in sorted(root.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
         if not is_run(path):
             continue
         run = RunDir(path)
-        if local_only and run.read_state().get("backend") != "local":
-            continue
-        if native in run_jobs(run):
+        if (run.read_state().get("backend") == "local") == local and native in run_jobs(run):
             return path
     return None
 
@@ -122,7 +120,9 @@ def resolve_run(arg: str, root: Path | None = None) -> RunDir:
     if os.sep not in arg:
         found = [r / arg for r in where if (r / arg).is_dir()]
         if not found:
-            found = [p for r in where if (p := _by_job(arg, r)) is not None]
+            # `local-7` names the local backend's job; a bare `7` the scheduler's first (Slurm shows no prefix).
+            for local in ((True,) if arg.strip().startswith(jobid.LOCAL_PREFIX) else (False, True)):
+                found = found or [p for r in where if (p := _by_job(arg, r, local)) is not None]
     unique = list(dict.fromkeys(p.resolve() for p in found))
     if len(unique) == 1:
         return _checked(unique[0])
