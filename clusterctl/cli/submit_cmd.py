@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         job = plan_job(config, local_suspects(config))  # planned once, the runs root's suspect nodes left out
         done = submit_job(job, backend, dry_run=dry_run)
         if as_json:
-            print(json.dumps(_submitted_json(job, done), indent=1), flush=True)
+            print(json.dumps(_submitted_json(job, done, str(done.run.path)), indent=1), flush=True)
             console = err_console  # --wait's progress, off the JSON
         else:
             _say_submitted(console, job, done)
@@ -97,8 +97,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(outcome.exit_code)
 
 
-def _submitted_json(job: PlannedJob, done: Submitted) -> dict[str, object]:
-    return {"run": str(done.run.path), "job_id": done.display_id, "backend": done.backend, "dry_run": done.job_id is None,
+def _submitted_json(job: PlannedJob, done: Any, run: str, **more: object) -> dict[str, object]:
+    """`submit --json`, here or on a login node (`done`: what either submission returned)."""
+    return {"run": run, **more, "job_id": done.display_id, "backend": done.backend, "dry_run": done.job_id is None,
             "ranks": job.plan.world_size, "nodes": job.plan.nodes, "spares": job.spec.spares,
             "excluded_suspects": [s.node for s in done.suspects.excluded], "warnings": list(done.warnings)}
 
@@ -126,10 +127,8 @@ def _submit_remote(config: JobConfig, host: str, command: str | None, transport:
     with done.remote as link:
         where = f"{link.host}:{done.run_path}"
         if as_json:
-            print(json.dumps({"run": done.run_path, "host": link.host, "job_id": done.display_id, "backend": done.backend,
-                              "dry_run": done.job_id is None, "ranks": job.plan.world_size, "nodes": job.plan.nodes,
-                              "spares": job.spec.spares, "workdir": str(done.workdir), "warnings": list(done.warnings)},
-                             indent=1), flush=True)
+            print(json.dumps(_submitted_json(job, done, done.run_path, host=link.host, workdir=str(done.workdir)), indent=1),
+                  flush=True)
         print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
         if done.job_id is None:
             console.print(f"dry run: nothing submitted; run directory {where}")
