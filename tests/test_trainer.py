@@ -88,7 +88,8 @@ def test_step_compute_busy_work_counts_as_compute_and_evaluation_reports_its_pha
     assert "step_compute_s 0.2:" in out[0] and "units/s" in out[0]
     summary = json.loads((tmp_path / "trainer-summary.json").read_text())
     assert summary["step_compute_s"] == 0.2 and summary["busy_units_per_s"] > 0
-    assert summary["busy_units_per_step"] == round(0.2 * summary["busy_units_per_s"])
+    # the summary rounds the rate it shows, so the units a step were sized from may differ from it by one
+    assert abs(summary["busy_units_per_step"] - 0.2 * summary["busy_units_per_s"]) <= 1, summary
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(6))
     # The busy work is inside compute_s every step (without it a step computes for a few milliseconds), and
