@@ -58,7 +58,11 @@ def wait_finished(backend: str, done: Submitted, log: str) -> None:
 
 @pytest.mark.parametrize("fault, target, code", [("hang", 1, ExitCode.HANG), ("slow", 2, ExitCode.STRAGGLER)])
 def test_drill_names_the_culprit_of_a_torch_job(backend: str, tmp_path: Path, fault: str, target: int, code: ExitCode) -> None:
-    """The plain DDP example, unchanged (a killed rank's blame: test_recovery_e2e's killed-rank case)."""
+    """The plain DDP example, unchanged (a killed rank's blame: test_recovery_e2e's killed-rank case). Each
+    fault on one backend: the injector runs on both (a subprocess, a step in the allocation), and the verdict
+    is the controller's on either."""
+    if (backend, fault) in (("local", "hang"), ("slurm", "slow")):
+        pytest.skip("each fault runs on one backend: the hang on the test cluster, the straggler on the local one")
     done = submit(backend, tmp_path, f"drill-{fault}")
     run = done.run
     how = f"{target}:1.5" if fault == "slow" else str(target)

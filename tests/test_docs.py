@@ -8,6 +8,7 @@ fails the test.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import http.server
 import os
@@ -21,10 +22,13 @@ from pathlib import Path
 import pytest
 
 from clusterctl.cli import app
+from clusterctl.cli.status_view import runs_json
 from clusterctl.config.site import Site
 from clusterctl.config.spec import JobSpec
-from clusterctl.docsgen import commands, fields
+from clusterctl.docsgen import commands, fields, records
 from clusterctl.exitcodes import DESCRIPTIONS, ExitCode
+from clusterctl.rundir.verdict import Verdict
+from clusterctl.views.state import RunState
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
@@ -43,6 +47,18 @@ def test_every_option_argument_and_exit_code_has_a_description() -> None:
     assert undescribed == []
     assert [name for name, command, _ in commands.commands(app) if not (command.help or "").strip()] == []
     assert set(DESCRIPTIONS) == set(ExitCode) and all(meaning and effect for meaning, effect in DESCRIPTIONS.values())
+
+
+def test_every_key_of_every_record_has_a_meaning() -> None:
+    tables = records.keyed_records()
+    assert len(tables) >= 5 and all(len(rows) >= 8 for _, _, rows in tables)
+    assert [(title, key) for title, _, rows in tables for key, _, meaning in rows if not meaning] == []
+    # the verdict's keys are its fields and what as_dict adds; runs --json's are those the reference lists
+    listed = {key for title, _, rows in tables if title.startswith("attempt-N/verdict") for key, _, _ in rows}
+    assert listed == set(Verdict(ok=False, code=82, message="").as_dict())
+    listed = [key for title, _, rows in tables if title.startswith("runs --json") for key, _, _ in rows]
+    blank = RunState.from_dict({f.name: None for f in dataclasses.fields(RunState)} | {"attempts": [], "path": "run"})
+    assert listed == list(runs_json(blank))
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
 """The guides' runnable examples, run as a reader would type them, their output checked against the page.
 
-A ```console block right after `<!-- runnable -->` is a sequence of `$ command`
+In README.md and the pages under docs/, a ```console block right after `<!-- runnable -->` is a sequence of `$ command`
 lines, each followed by the output it must print: those lines must appear
 in that order (other lines may come between them), `...` inside a line stands
 for anything, and a line that is only `...` is there for the reader. Each
-page's blocks run in order in one fresh directory holding a copy of
-examples/ and the tests' fixtures, on the local backend, with a terminal 100
+page's blocks run in order, as in one shell (a `cd` carries over), from one
+fresh directory holding a copy of examples/ and the tests' fixtures, on the local backend, with a terminal 100
 columns wide; every command must exit 0.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "<!-- runnable -->" in p.read_text())
+PAGES = sorted(p for p in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")] if "<!-- runnable -->" in p.read_text())
 
 
 def blocks(page: Path) -> list[list[tuple[str, list[str]]]]:
@@ -55,21 +55,29 @@ def in_order(expected: list[str], actual: list[str]) -> list[str]:
     return []
 
 
+def name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
 def test_every_page_with_runnable_examples_is_found() -> None:
-    names = {p.relative_to(ROOT / "docs").as_posix() for p in PAGES}
-    assert {"guide/plan-render-submit.md", "admin/sites.md"} <= names
+    names = {name(p) for p in PAGES}
+    assert {"README.md", "docs/guide/spec.md", "docs/guide/plan-render-submit.md", "docs/guide/own-script.md",
+            "docs/guide/recovery.md", "docs/admin/sites.md"} <= names, names
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT / "docs").as_posix())
+@pytest.mark.parametrize("page", PAGES, ids=name)
 def test_the_runnable_examples_print_what_the_page_says(page: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     shutil.copytree(ROOT / "examples", work / "examples", ignore=shutil.ignore_patterns("report", "hf-output"))
     (work / "tests").mkdir()
     (work / "tests" / "fixtures").symlink_to(ROOT / "tests" / "fixtures")
     env = {**os.environ, "COLUMNS": "100", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    cwd = work  # a `cd` carries over to the next command, as in the reader's shell
     for steps in blocks(page):
         for command, expected in steps:
-            done = subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+            done = subprocess.run(["bash", "-c", 'eval "$1"; code=$?; pwd > "$2"; exit $code', "-", command, str(tmp_path / "cwd")],
+                                  cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+            cwd = Path((tmp_path / "cwd").read_text().strip())
             assert done.returncode == 0, f"$ {command}\n{done.stdout}{done.stderr}"
             missing = in_order(expected, done.stdout.splitlines())
             assert not missing, f"$ {command}: not printed (in order): {missing}\n--- it printed:\n{done.stdout}"

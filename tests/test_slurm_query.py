@@ -117,7 +117,11 @@ def test_a_job_through_its_life(query: SchedulerQuery, jobs: Callable[..., str],
     wait_for(query, doomed, lambda i: i.state == "RUNNING")
     query.cancel(doomed)
     cancelled = wait_for(query, doomed, lambda i: i.finished)
-    assert cancelled.state == "CANCELLED" and cancelled.exit_code == 0 and cancelled.exit_signal in (9, 15)
+    # The batch shell either dies of the signal itself or, when `sleep` got it first, exits 128 + signal; pyslurm
+    # 22.5 reads such a status as status - 128 (query.py's docstring), the CLI as it is.
+    assert cancelled.state == "CANCELLED", cancelled
+    killed = (cancelled.exit_code, cancelled.exit_signal)
+    assert killed in {(0, 9), (0, 15), (137, None), (143, None), (9, None), (15, None)}, cancelled
     assert same(query, lambda q: q.job(doomed)) == cancelled
     query.cancel(doomed)  # ended already: not an error
     query.cancel(NEVER_SEEN)  # forgotten: not an error either

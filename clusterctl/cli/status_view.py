@@ -124,6 +124,11 @@ def runs_table(states: list[RunState], now: float | None = None) -> Table:
     return table
 
 
+# `runs --json`: these keys of a run's state, `attempts` being their count (the reference lists them from here)
+RUNS_JSON_KEYS = ("run", "name", "path", "state", "reason", "step", "attempts", "job_id", "last_change", "submitted")
+
+
 def runs_json(st: RunState) -> dict[str, object]:
-    return {"run": st.run, "name": st.name, "path": str(st.path), "state": st.state, "reason": st.reason, "step": st.step,
-            "attempts": len(st.attempts), "job_id": st.job_id, "last_change": st.last_change, "submitted": st.submitted}
+    out = {key: getattr(st, key) for key in RUNS_JSON_KEYS}
+    out.update(path=str(st.path), attempts=len(st.attempts))
+    return out

@@ -3,13 +3,15 @@
 docs/gen_reference.py (run by mkdocs-gen-files at every `mkdocs build`)
 writes each page from one of these modules: spec and site fields from the
 pydantic models (fields.py), the command line from the typer application
-(commands.py), exit codes from clusterctl/exitcodes.py (codes.py), and the
-run directory's record formats from their definitions (records.py). Each
+(commands.py), exit codes from clusterctl/exitcodes.py (codes.py), the
+run directory's record formats from their definitions (records.py), and the
+home page from README.md. Each
 function returns Markdown text and does nothing else.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -30,7 +32,15 @@ def pages(root: Path) -> dict[str, str]:
         "reference/exit-codes.md": codes.markdown(),
         "reference/records.md": records.markdown(root / "examples" / "quickstart.yaml"),
         "benchmarks.md": (root / "bench" / "README.md").read_text(encoding="utf-8"),
+        "index.md": home(root),
     }
+
+
+def home(root: Path) -> str:
+    """The site's home page is README.md (the one copy of the overview and the quickstart), its links
+    pointed at the site's pages."""
+    text = (root / "README.md").read_text(encoding="utf-8")
+    return re.sub(r"\]\((?:docs/([^)]+)|bench/README\.md)\)", lambda m: f"]({m.group(1) or 'benchmarks.md'})", text)
 
 
 def images(root: Path) -> dict[str, bytes]:

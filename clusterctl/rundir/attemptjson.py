@@ -32,18 +32,18 @@ FORMAT = 2  # 1: before the format was recorded (same keys)
 
 @dataclass(frozen=True)
 class AttemptJson:
-    format: int = 1
-    job_id: str = ""
-    attempt: int = 0
-    token: str = ""
-    master_host: str = ""
-    master_addr: str = ""
-    master_port: int = 0
-    nodelist: str = ""
-    hosts: tuple[str, ...] = ()
-    spares: int = 0
-    batch_host: str = ""
-    started: float | None = None
+    format: int = 1  # the file's layout version
+    job_id: str = ""  # Slurm's job id (the local backend's on this machine)
+    attempt: int = 0  # the attempt's number, from 1
+    token: str = ""  # a secret of this attempt: a rank, aggregator or injector without it is turned away
+    master_host: str = ""  # the node the controller and the TCPStore run on
+    master_addr: str = ""  # the rendezvous address the ranks connect to (MASTER_ADDR)
+    master_port: int = 0  # the planned rendezvous port (controller.json has the one it bound)
+    nodelist: str = ""  # the attempt's nodes as a Slurm hostlist
+    hosts: tuple[str, ...] = ()  # the nodes in slot order: node slot K runs on hosts[K]
+    spares: int = 0  # spare nodes of the allocation this attempt does not use
+    batch_host: str = ""  # the node the batch script runs on
+    started: float | None = None  # when the batch script started the attempt (seconds since the epoch)
 
     def host(self, slot: int) -> str:
         """The node of a slot (`node-K` when the slot is not listed)."""

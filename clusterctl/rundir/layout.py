@@ -21,7 +21,10 @@
         metrics.jsonl          the trainer's per-step records (loss, step time, tokens/s, validation, wall clock t, train_s)
         checks.json            comm/compute check results, when asked for
         record.json            the run record's node-side part: what rank 0 of the trainer resumed from, seeds, data
-        logs/                  per-node logs (node-<slot>.log), lines prefixed by rank
+        controller.json        the controller's ports, pid and host (the store, the watch server)
+        drill.json             a fault `clusterctl drill` injected into this attempt
+        logs/                  per-node logs (node-<slot>.log; attempt.json maps slots to hosts), lines prefixed
+                               by rank; aggregators-srun.log: srun's own lines about the aggregators' step
       checkpoints/
       submitit/                a function submitted through the submitit executor: submitted.pkl (its
                                checkpoint after a pre-timeout stop), rank-<R>.result.pkl (value or traceback)

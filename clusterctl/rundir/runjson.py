@@ -45,10 +45,10 @@ class Parallel:
 
 @dataclass(frozen=True)
 class NodeTypeRecord:
-    name: str = ""
-    gpu_model: str = ""
-    gpu_vendor: str = "nvidia"
-    visibility_var: str = "CUDA_VISIBLE_DEVICES"
+    name: str = ""  # the site's node type the partition has
+    gpu_model: str = ""  # as the site names it (H100-SXM5-80GB)
+    gpu_vendor: str = "nvidia"  # nvidia, amd or emulated
+    visibility_var: str = "CUDA_VISIBLE_DEVICES"  # the variable Slurm sets to the node's GPUs (ROCR_VISIBLE_DEVICES on AMD)
     binding: tuple[dict[str, Any], ...] = ()  # per physical GPU index: plan/binding.py's GpuBinding rows
 
     def row(self, gpu: int | None) -> dict[str, Any]:
@@ -67,8 +67,8 @@ class BatchRecord:
 class RendezvousRecord:
     port_range: tuple[int, int] = (29500, 29999)
     interface: str | None = None
-    address_family: str = "ipv4"
-    timeout_s: float = 300.0
+    address_family: str = "ipv4"  # the site's network.address_family
+    timeout_s: float = 300.0  # rendezvous.timeout, in seconds
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class CheckpointRecord:
     async_: bool = _key("async", default=False)
     save_seconds: float | None = None
     mtbf: float | None = None
-    auto_interval_s: float | None = None
+    auto_interval_s: float | None = None  # Young/Daly's interval for `interval: auto`, in seconds
 
 
 @dataclass(frozen=True)
@@ -115,37 +115,37 @@ class PreflightRecord:
 class RunJson:
     """The static plan of a run, as run.json holds it."""
 
-    version: int = VERSION
-    run_id: str | None = None
+    version: int = VERSION  # the file's layout version
+    run_id: str | None = None  # the run directory's name
     name: str = ""
     site: str = ""
     partition: str = ""
     mode: str = "managed"  # managed (through clusterctl.launch) or standalone
-    world_size: int = 0
+    world_size: int = 0  # ranks: nodes x gpus_per_node
     nodes: int = 0
     spares: int = 0
     exclude: tuple[str, ...] = ()  # nodes the spec excludes (expanded)
     gpus_per_node: int = 0
     parallel: Parallel = Parallel()
-    rank_order: str = "tp-cp-ep-dp-pp"
-    node_type: NodeTypeRecord = NodeTypeRecord()
+    rank_order: str = "tp-cp-ep-dp-pp"  # the order of the dimensions in the rank, fastest first (Megatron-Core's)
+    node_type: NodeTypeRecord = NodeTypeRecord()  # the partition's node type, as the wrapper needs it
     batch: BatchRecord = BatchRecord()
     seq_len: int = 0
     model: dict[str, Any] | None = None  # the spec's model section, as resolved
     precision: dict[str, Any] = field(default_factory=dict)  # the spec's precision section
-    spec_hash: str = ""
+    spec_hash: str = ""  # sha256 of the resolved spec: a checkpoint records it
     argv: tuple[str, ...] = ()  # what the wrapper execs
     command: tuple[str, ...] = ()  # the spec's command
     env: dict[str, str] = field(default_factory=dict)
-    site_env: dict[str, str] = field(default_factory=dict)
+    site_env: dict[str, str] = field(default_factory=dict)  # the site's env for every job (the spec's env wins)
     rendezvous: RendezvousRecord = RendezvousRecord()
     signal: SignalRecord = SignalRecord()
-    time_limit_s: int | None = None
+    time_limit_s: int | None = None  # time_limit, in seconds
     checkpoint: CheckpointRecord = CheckpointRecord()
     restart: RestartRecord = RestartRecord()
     watchdog: WatchdogRecord = WatchdogRecord()
     preflight: PreflightRecord = PreflightRecord()
-    exit_codes: dict[str, int] = field(default_factory=dict)
+    exit_codes: dict[str, int] = field(default_factory=dict)  # clusterctl's exit codes by name, for the batch script
 
     @property
     def standalone(self) -> bool:

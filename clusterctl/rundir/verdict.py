@@ -34,13 +34,17 @@ from clusterctl.rundir.layout import VERDICT
 FORMAT = 2  # 1: the files written before the format was recorded
 
 
+# The keys as_dict writes besides the fields (the records reference lists them from here).
+ADDED_KEYS = {"format": "the file's layout version", "verdict": "the code's name in lower case (hang, straggler, ...), or the number"}
+
+
 @dataclass
 class Verdict:
-    ok: bool
-    code: int
-    message: str
+    ok: bool  # false when the attempt failed
+    code: int  # the exit code the verdict gives the attempt (ExitCode)
+    message: str  # one line for a person: what happened, the culprit rank and host
     culprits: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "host", "gpu", "reason"}, primary first
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)  # what the finding rests on: timeouts, phases, stacks, srun lines
     victims: list[dict[str, Any]] = field(default_factory=list)  # ranks that failed because a culprit did
     time: float = field(default_factory=time.time)  # when the verdict was given
 

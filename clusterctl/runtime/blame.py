@@ -3,7 +3,7 @@
 Pure: it reads the facts the controller gathered — srun's own task lines
 (`srun: error: n2: task 2: Killed`), each rank's reported error, when the
 node aggregators saw each rank's process end, which aggregators vanished —
-and returns a verdict. The rule (also in docs/guide/watching.md):
+and returns a verdict. The rule (also in docs/design/watchdog.md):
 
 1. A node whose aggregator vanished without saying goodbye while its ranks
    ran, and whose ranks are gone too, is a lost node (86): its ranks are the

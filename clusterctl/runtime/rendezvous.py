@@ -12,7 +12,7 @@ record at once, the arrival count, and the verdict's wait and get.
 
 torch's client looks up the name of the controller's address on connect
 (the IPv4-mapped form, `::ffff:a.b.c.d`), one query per rank: see the
-docs/guide/startup.md for the /etc/hosts line that answers it locally.
+docs/design/rendezvous.md for the /etc/hosts line that answers it locally.
 """
 
 from __future__ import annotations

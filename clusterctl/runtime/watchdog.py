@@ -5,7 +5,7 @@ the time they were received, and asked `verdict(now)`; it does no I/O and
 reads no clock, so every rule is tested with made-up timelines. The watch
 server (runtime/watchserver.py) feeds it; the controller acts on what it says.
 
-Rules (docs/guide/watching.md says the same):
+Rules (docs/design/watchdog.md says the same):
 
 * Hang (82): no rank made progress (a phase change or a finished step) for
   the hang timeout. After warm-up the timeout is `HANG_MULTIPLE` times the

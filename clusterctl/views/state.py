@@ -64,24 +64,24 @@ GOING = (PENDING, STARTING, TRAINING, RESTARTING, CONTINUED)  # the runs plain `
 class Attempt:
     """One launch of all ranks, as the run directory tells it."""
 
-    attempt: int
-    job_id: str
-    nodes: list[str]
-    start: float | None
-    end: float | None  # None while it runs
-    exit_code: int | None
+    attempt: int  # its number, from 1 (attempt-N/)
+    job_id: str  # the job it ran in, as the user sees it (local-N on the local backend)
+    nodes: list[str]  # the hosts it ran on
+    start: float | None  # when it started (seconds since the epoch)
+    end: float | None  # when it ended; None while it runs
+    exit_code: int | None  # the attempt's exit code (ExitCode); None while it runs or when no end was recorded
     meaning: str  # what the exit code meant, why the attempt ended, or who cancelled it
     steps: int  # steps done in this attempt
-    first_step: int | None = None
-    last_step: int | None = None
+    first_step: int | None = None  # the first step it reported (after a restart: the committed step + 1)
+    last_step: int | None = None  # the last step it reported
     gpus: int = 0  # GPUs allocated to it (nodes x GPUs per node, spares included)
     kept_steps: int = 0  # its steps that the run kept (not redone after a restart)
     kept_s: float = 0.0  # wall time of the kept steps
     next: str | None = None  # how the run went on: history.NEXT_* (allocation, continuation, ...)
-    next_job: str | None = None
+    next_job: str | None = None  # the job the run went on in (a continuation, a requeue)
     next_reason: str = ""  # why it went on that way (the recovery step's words)
     verdict: str = ""  # the controller's one-line verdict when it was not ok
-    culprits: list[dict[str, Any]] = field(default_factory=list)
+    culprits: list[dict[str, Any]] = field(default_factory=list)  # the verdict's culprits: rank, host, gpu, reason
     cancelled_by: str | None = None  # a cancel stopped it: `clusterctl cancel`, `scancel`
     startup_s: float | None = None  # from its start to its first step's start (None: unknown)
     steps_s: float = 0.0  # wall time of all its steps
@@ -89,28 +89,28 @@ class Attempt:
 
 @dataclass
 class RunState:
-    run: str
-    path: Path
-    name: str
+    run: str  # the run id (its directory's name)
+    path: Path  # the run directory
+    name: str  # the spec's name
     state: str  # one of STATES
     reason: str  # why: Slurm's pending reason, the verdict, the stop reason
     job_id: str | None  # the job the run is in now (or ended in)
-    step: int | None
-    loss: float | None
-    tokens_per_s: float | None
-    eta_s: float | None
-    total_steps: int | None
-    attempts: list[Attempt]
+    step: int | None  # the newest step reported, in any attempt
+    loss: float | None  # rank 0's loss at that step, where the script reports one
+    tokens_per_s: float | None  # over the recent steps, where the script reports tokens
+    eta_s: float | None  # seconds to total_steps at the recent pace
+    total_steps: int | None  # the steps the run will take, where the script says
+    attempts: list[Attempt]  # every attempt, oldest first
     checkpoint: int | None  # latest committed step
     goodput: float | None  # useful (kept steps) / allocated GPU time; None when no step was reported
     lost_gpu_hours: float | None  # steps redone and attempts that ended before their first step
-    allocated_gpu_hours: float | None
-    exit_code: int | None
-    submitted: float | None
-    last_change: float | None
-    backend: str | None = None
-    useful_gpu_hours: float | None = None
-    startup_gpu_hours: float | None = None
+    allocated_gpu_hours: float | None  # GPU time allocated to the attempts (spares included)
+    exit_code: int | None  # the run's exit code once it stopped
+    submitted: float | None  # when it was submitted (seconds since the epoch)
+    last_change: float | None  # when anything of it last changed: an event, a step, a verdict
+    backend: str | None = None  # slurm or local
+    useful_gpu_hours: float | None = None  # the steps the run kept, times the world size
+    startup_gpu_hours: float | None = None  # each attempt's start to its first step
     other_gpu_hours: float | None = None  # saves, evaluations, idle spares, wind-down, restart gaps
 
     @classmethod
