@@ -18,7 +18,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
 from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.render.runfiles import create_run, runs_root
-from clusterctl.rundir import RunDir, roots, suspects
+from clusterctl.rundir import RunDir, access, roots, suspects
 from clusterctl.rundir.suspects import Suspect
 
 # Pending reasons that no amount of waiting resolves: the job as asked cannot run here.
@@ -79,8 +79,10 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
     if dry_run:
         run.write_state(state="dry-run", backend=name)
         return Submitted(run, None, name, suspects=choice)
+    loose = access.loose_root(run.path.parent)
     try:
-        return replace(submit_rendered(run, backend, Path.cwd()), suspects=choice)
+        done = submit_rendered(run, backend, Path.cwd())
+        return replace(done, suspects=choice, warnings=(*([loose] if loose else []), *done.warnings))
     except ClusterctlError:
         shutil.rmtree(run.path, ignore_errors=True)  # refused or unreachable: no job, so no run to look at
         raise

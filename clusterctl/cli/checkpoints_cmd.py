@@ -14,6 +14,7 @@ from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import RootOpt, resolve_run
+from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import runjson
 
@@ -44,8 +45,12 @@ def register(app: typer.Typer) -> None:
         from clusterctl.checkpoint import latest_committed, list_generations, verify
 
         directory = checkpoint_dir(target, root)
-        entries = list_generations(directory)
-        latest = latest_committed(directory)
+        try:
+            entries = list_generations(directory)
+            latest = latest_committed(directory)
+        except PermissionError:
+            raise ClusterctlError(f"cannot read the checkpoint directory {directory}: permission denied (its owner's"
+                                  " runs_mode decides who may)", ExitCode.BACKEND_UNAVAILABLE) from None
         rows = []
         for entry in entries:
             problems = verify(entry.path) if (check and entry.committed) else []

@@ -24,7 +24,7 @@ from clusterctl.cli.suspects_cmd import rows as suspect_rows
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.render.runfiles import expand_path
-from clusterctl.rundir import RunDir, suspects
+from clusterctl.rundir import RunDir, access, suspects
 
 
 def facts(expand: list[str], with_suspects: bool = False) -> dict[str, object]:
@@ -74,6 +74,13 @@ def register(app: typer.Typer) -> None:
         workdir = chdir.resolve() if chdir is not None else target.path
         if not workdir.is_dir():
             raise ClusterctlError(f"--chdir {workdir}: no such directory on this machine", ExitCode.USAGE)
+        shared = access.of_run(target.path)
+        try:
+            if shared is not None:
+                shared.apply(target.path)  # the shipped files arrive private: the run's own access, with this machine's groups
+        except KeyError:
+            raise ClusterctlError(f"runs_group {shared.group!r} is not a group on this login node (getent group)",  # type: ignore[union-attr]
+                                  ExitCode.BAD_CONFIG) from None
         done = submit_rendered(target, chosen, workdir, [f"--chdir={workdir}"])
         print(json.dumps({"run": str(target.path), "job_id": done.job_id, "display_id": done.display_id,
                           "backend": done.backend, "warnings": list(done.warnings)}))

@@ -18,7 +18,17 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from clusterctl.config.problems import validate_located
 from clusterctl.config.shipped import shipped_dir
-from clusterctl.config.spec import ENV_NAME, MODULE_NAME, EnvValue, NonNegativeInt, PlainPath, PositiveInt
+from clusterctl.config.spec import (
+    ENV_NAME,
+    MODULE_NAME,
+    RUNS_MODE_DESCRIPTION,
+    EnvValue,
+    GroupName,
+    NonNegativeInt,
+    PlainPath,
+    PositiveInt,
+    RunsMode,
+)
 from clusterctl.config.yamlload import Located, load_yaml
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.syntax import hostlist
@@ -228,6 +238,8 @@ class Site(Section):
     runs_root: PlainPath | None = Field(
         None, description="where run directories go when the spec names none; ~ and $VARIABLES are expanded"
     )
+    runs_mode: RunsMode = Field("private", description=RUNS_MODE_DESCRIPTION + "; a spec may choose otherwise")
+    runs_group: GroupName | None = Field(None, description="the group `runs_mode: group` shares runs with")
     python: PlainPath | None = Field(None, description="interpreter on the compute nodes (default: the submitting one)")
     gres: Literal["gpus-per-node", "gres", "none"] = Field(
         "gpus-per-node", description="how GPUs are requested from Slurm"

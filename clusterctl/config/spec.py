@@ -118,6 +118,10 @@ def _plain_path(value: Any) -> Any:
 ScriptText = Annotated[str, AfterValidator(_script_text)]
 """Text that reaches a rendered script: any character a shell word can carry."""
 PlainPath = Annotated[str, AfterValidator(_plain_path)]
+GroupName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")]  # a Unix group, as groupadd takes it
+RunsMode = Literal["private", "group"]
+RUNS_MODE_DESCRIPTION = ("who may read the run directory and checkpoints: `private` (the owner only: 0700/0600)"
+                         " or `group` (read-only for `runs_group` too: 2750/0640)")
 """A directory path: no control characters (they reach #SBATCH lines and file names)."""
 
 EnvValue = Annotated[str, PlainValidator(_env_value), WithJsonSchema({"type": ["string", "number", "boolean"]})]
@@ -471,6 +475,8 @@ class JobSpec(Section):
     runs_root: PlainPath | None = Field(
         None, description="where run directories go (default: the site's); ~ and $VARIABLES are expanded"
     )
+    runs_mode: RunsMode | None = Field(None, description=RUNS_MODE_DESCRIPTION + "; default: the site's")
+    runs_group: GroupName | None = Field(None, description="the group `runs_mode: group` shares the run with (default: the site's)")
     qualify: Qualify = Field(default_factory=Qualify, description="clusterctl qualify: test definition and criteria")
     allow_oom: bool = Field(
         False, description="submit even when the plan's memory estimate exceeds the GPU (`--allow-oom`); kept in the run's spec"

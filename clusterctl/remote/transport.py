@@ -32,8 +32,10 @@ from clusterctl.remote.sshconfig import Destination, load_config, resolve
 CONNECT_TIMEOUT_S = 20.0
 EXISTS = 17  # the upload script's exit when the destination already exists
 
-# Runs on the far side with sh: unpack the stream into a temporary sibling, rename it into place.
+# Runs on the far side with sh: unpack the stream into a temporary sibling, rename it into place. Private
+# until `submit-run` gives it the run's access (rundir/access.py) with the login node's groups.
 UPLOAD_SCRIPT = r"""set -e
+umask 077
 root=$1 name=$2
 tmp="$root/.$name.upload-$$"
 mkdir -p "$root"

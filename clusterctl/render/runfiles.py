@@ -6,6 +6,7 @@ so a crash or a rejected submission never leaves a half-made run behind.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, PlannedJob
 from clusterctl.plan.memory import oom_problem
 from clusterctl.render.scripts import render_run
-from clusterctl.rundir import RunDir
+from clusterctl.rundir import RunDir, access
 
 
 def node_python(job: PlannedJob) -> str:
@@ -102,6 +103,15 @@ def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None 
         field = "runs_root" if job.spec.runs_root else "site runs_root"
         raise ConfigError(str(job.spec_path), [Problem(field, str(job.spec.runs_root or job.site.runs_root), (
             f"a directory whose parent exists: {root.parent} does not (create it, or set runs_root to another place)"))])
+    record = json.loads(files[rundir.RUN_JSON])
+    run_access = access.Access(record["runs_mode"], record["runs_group"])
+    # A new runs root, and a new checkpoint directory outside the run, are as private as the run (and a shared
+    # one has the group, setgid, for what the job writes in it); existing ones are never changed.
+    ckpt = Path(record["checkpoint"]["dir"]) if record["checkpoint"].get("dir") else None
+    for directory in (root, ckpt):
+        if directory is not None and not directory.is_dir() and directory.parent.is_dir():
+            directory.mkdir(exist_ok=True)
+            run_access.apply(directory)
     tmp = root / f".{run_id}.tmp"
     try:
         _populate(job, files, tmp, final, None)
@@ -125,6 +135,7 @@ def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path,
     if ship_from is not None:
         ship_tree(target / rundir.CODE_TREE, ship_from)
     RunDir(target).write_state(state="rendered", run_id=final.name)
+    access.of_run(target).apply(target)  # type: ignore[union-attr] - run.json was just written
 
 
 def stage_run(job: PlannedJob, final: Path, stage: Path, python: str, ship_from: Path | None) -> RunDir:

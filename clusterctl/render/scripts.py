@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.plan import Plan
 from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
 from clusterctl.rundir import attemptjson
+from clusterctl.rundir.access import GROUP, Access
 from clusterctl.rundir.runjson import (
     BatchRecord,
     CheckpointRecord,
@@ -134,6 +135,7 @@ def render_run(
                 "expected an absolute path of letters, digits and . _ / + @ : = , - (sbatch reads it unquoted)",
             )
         )
+    access = run_access(plan, problems)
     if spec.container.image and site.container.plugin == "none":
         problems.append(
             Problem("container.image", spec.container.image, f"site {site.name} has no container plugin (container.plugin)")
@@ -177,6 +179,7 @@ def render_run(
         "signal": spec.signal.name,
         "signal_lead": spec.signal.lead_s,
         "batch_log": f"{run_dir}/{rundir.BATCH_LOG.format(job='%j')}",
+        "umask": f"{access.umask:04o}",
         "run_dir": str(run_dir),
         "wrapper": str(run_dir / rundir.WRAPPER),
         "port_range": port_range,
@@ -228,7 +231,8 @@ def render_run(
     except jinja2.TemplateError as exc:
         where = getattr(exc, "filename", None) or getattr(exc, "name", None) or "template"
         raise ConfigError("templates", [Problem("templates", str(where), f"expected a template that renders ({exc})")]) from None
-    run_json = build_run_json(plan, run_id, table, argv, port_range, standalone)
+    run_json = replace(build_run_json(plan, run_id, table, argv, port_range, standalone),
+                       runs_mode=access.mode, runs_group=access.group)
     return Rendered(
         files={
             rundir.SBATCH: sbatch,
@@ -243,6 +247,21 @@ def spec_hash(spec: Any) -> str:
     """A short hash of the resolved spec: a checkpoint records which job wrote it."""
     text = json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_access(plan: Plan, problems: list[Problem]) -> Access:
+    """Who may read the run (the spec's runs_mode and runs_group, else the site's); a problem when group sharing
+    names no group, or one this machine does not know."""
+    spec, site = plan.spec, plan.site
+    access = Access(spec.runs_mode or site.runs_mode, spec.runs_group or site.runs_group)
+    field = "runs_group" if spec.runs_group or spec.runs_mode else "site runs_group"
+    if access.mode == GROUP:
+        try:
+            if access.gid() is None:
+                problems.append(Problem(field, None, "expected the group that `runs_mode: group` shares the run with"))
+        except KeyError:
+            problems.append(Problem(field, access.group, "expected a group this machine knows (getent group NAME)"))
+    return access if access.mode == GROUP else Access()
 
 
 def build_run_json(

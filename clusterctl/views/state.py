@@ -255,8 +255,11 @@ def _derive(
     info = asked.get(h.job) if h.job else None
     known = h.job in asked
     ckpt_dir = run_json.checkpoint_dir(run.path)
-    committed_list = committed_steps(ckpt_dir) if ckpt_dir.is_dir() else []
-    # The directory is the truth; where the login node cannot see it, the batch host's last word is.
+    try:
+        committed_list = committed_steps(ckpt_dir) if ckpt_dir.is_dir() else []
+    except PermissionError:  # another user's run shared with us, its checkpoints kept private
+        committed_list = []
+    # The directory is the truth; where the login node cannot see it (or we may not), the batch host's last word is.
     committed = committed_list[0] if committed_list else h.committed_step
 
     name = run_json.name or run.path.name

@@ -31,6 +31,7 @@ from clusterctl.backends.local.records import JobRecord, SubmitError, state_root
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import jobid
+from clusterctl.rundir.access import umask_of_run
 from clusterctl.syntax.hostlist import compress
 
 
@@ -80,7 +81,8 @@ class LocalBackend(Backend):
 
     def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
         try:
-            job_id = submit(script, workdir, options=list(options or []), env=self._env(), python=sys.executable)
+            job_id = submit(script, workdir, options=list(options or []), env=self._env(), python=sys.executable,
+                            umask=umask_of_run(script.parent))
         except SubmitError as exc:
             raise ClusterctlError(f"the local backend rejected the job: {exc}", ExitCode.BAD_CONFIG) from None
         return Submission(job_id=str(job_id), backend=self.name)

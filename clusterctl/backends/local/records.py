@@ -69,9 +69,16 @@ def job_dir(root: Path, job_id: int | str) -> Path:
     return root / "jobs" / str(job_id)
 
 
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json(path: Path, data: Any) -> None:
+    """Atomically, owner-only: job.json holds the job's whole environment."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
         fh.write("\n")
     os.replace(tmp, path)
@@ -305,8 +312,10 @@ def submit(
     script_args: list[str] | None = None,
     env: Mapping[str, str] | None = None,
     python: str | None = None,
+    umask: int | None = None,
 ) -> int:
-    """Create the job record and start its supervisor; returns the job id at once."""
+    """Create the job record and start its supervisor; returns the job id at once. The job runs with `umask`
+    (else the submitting process's), as sbatch hands its own to the job."""
     env = dict(os.environ if env is None else env)
     try:
         text = Path(script).read_text(encoding="utf-8", errors="surrogateescape")
@@ -355,6 +364,7 @@ def submit(
         "gid": os.getgid(),
         "submit_host": socket.gethostname().split(".")[0],
         "submit_time": now,
+        "umask": current_umask() if umask is None else umask,  # the job's, as sbatch hands its own on (SLURM_UMASK)
     })
     write_json(record.path / "state.json", {
         "state": "PENDING",
@@ -375,7 +385,7 @@ def start_supervisor(record: JobRecord, python: str, env: Mapping[str, str]) -> 
         out = subprocess.run(
             [python, "-m", SUPERVISOR_MODULE, "--detach", str(record.path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=record.path,
-            env=dict(env), start_new_session=True, timeout=60, check=False,
+            env=dict(env), start_new_session=True, timeout=60, check=False, umask=record.spec.get("umask", -1),
         )
     if out.returncode != 0:
         record.update(state="FAILED", reason="SupervisorStartFailed", exit_code=[1, 0], end_time=time.time())

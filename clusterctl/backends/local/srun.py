@@ -49,7 +49,7 @@ from pathlib import Path
 from clusterctl.backends.local import KILL_WAIT_S, STATE_ENV, TIME_SCALE_ENV
 from clusterctl.backends.local.batchopts import expand_pattern
 from clusterctl.backends.local.formats import counts_text, timestamp
-from clusterctl.backends.local.records import down_nodes, job_dir, next_counter, read_json, user_name, write_json
+from clusterctl.backends.local.records import current_umask, down_nodes, job_dir, next_counter, read_json, user_name, write_json
 from clusterctl.backends.local.relay import Sink, Stream
 from clusterctl.backends.local.srunopts import (
     Layout,
@@ -135,7 +135,7 @@ class Step:
             "SLURM_TASKS_PER_NODE": counts,
             "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
             "SLURM_SRUN_COMM_HOST": "127.0.0.1",
-            "SLURM_UMASK": f"{_umask():04o}",
+            "SLURM_UMASK": f"{current_umask():04o}",
         })
         if opts.label:
             env["SLURM_LABELIO"] = "1"
@@ -454,12 +454,6 @@ class Step:
         stream.close()
         os.close(stream.fd)
         del self.streams[stream.fd]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def allocation(env: dict[str, str], job_id: str) -> list[str] | None:

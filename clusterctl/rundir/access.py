@@ -1,0 +1,93 @@
+"""Who may read a run: its owner only, or one group too. The one owner of the run directory's modes.
+
+Runs roots live on file systems shared by every user of a cluster, and a run
+holds what must not leak: model weights, the code snapshot with its
+uncommitted diff, the spec's environment, the attempt's secret. So a run is
+private by default, whatever the umask: directories 0700 and files 0600 (an
+executable 0700). `runs_mode: group` (with `runs_group`) shares it read-only
+with one group: directories 2750 (setgid, so what the job creates inside keeps
+the group) and files 0640.
+
+Three places apply it, all from this module:
+- `apply` on the run directory as submit assembles it (the files submit writes);
+- the batch script's `umask` (`Access.umask`), set before it creates anything,
+  so attempt directories, logs, metrics and checkpoints follow;
+- the umask sbatch runs with (`umask_of_run`): Slurm creates the job's output
+  file with the submitting umask.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+PRIVATE = "private"
+GROUP = "group"
+MODES = (PRIVATE, GROUP)
+
+
+@dataclass(frozen=True)
+class Access:
+    mode: str = PRIVATE  # private or group
+    group: str | None = None  # the sharing group's name (group mode)
+
+    @property
+    def umask(self) -> int:
+        return 0o077 if self.mode == PRIVATE else 0o027
+
+    @property
+    def dir_mode(self) -> int:
+        return 0o700 if self.mode == PRIVATE else 0o2750
+
+    def file_mode(self, executable: bool) -> int:
+        base = 0o700 if executable else 0o600
+        return base if self.mode == PRIVATE else base | (base >> 3) & 0o050
+
+    def gid(self) -> int | None:
+        """The sharing group's id; None when private. KeyError when this machine has no such group."""
+        return grp.getgrnam(self.group).gr_gid if self.mode == GROUP and self.group else None
+
+    def apply(self, top: Path) -> None:
+        """Give `top` and everything under it this access (submit's files; the job's follow the umask)."""
+        gid = self.gid()
+        for path in [top, *sorted(top.rglob("*"))]:
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            if gid is not None:
+                os.chown(path, -1, gid)
+            if stat.S_ISDIR(info.st_mode):
+                os.chmod(path, self.dir_mode)
+            else:
+                os.chmod(path, self.file_mode(bool(info.st_mode & 0o100)))
+
+
+def of_run(run_path: Path) -> Access | None:
+    """A run directory's access, as its run.json records it; None for a directory that is not a run."""
+    from clusterctl.rundir import layout, runjson
+
+    if not (run_path / layout.RUN_JSON).is_file():
+        return None
+    record = runjson.load(run_path)
+    return Access(record.runs_mode, record.runs_group)
+
+
+def umask_of_run(run_path: Path) -> int | None:
+    """The umask a submission of this run directory's batch script runs with; None for a script outside a run."""
+    access = of_run(run_path)
+    return access.umask if access else None
+
+
+def loose_root(root: Path) -> str | None:
+    """A warning when other users can list the runs root (it is never changed: an admin may want it so)."""
+    try:
+        mode = root.stat().st_mode
+    except OSError:
+        return None
+    if not mode & 0o005:
+        return None
+    return (f"runs root {root} can be listed by every user ({stat.filemode(mode)}): each run directory in it is"
+            f" private, but its name shows; `chmod o-rx {root}` hides them")

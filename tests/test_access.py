@@ -1,0 +1,131 @@
+"""A run on a shared cluster is its owner's: another real user can read none of it; a sharing group can read it.
+
+The set-up creates two users (`make test` runs as root): a stranger, and a
+member of the sharing group. The runs root sits in a directory every user may
+enter, as on a shared file system, and the job writes a checkpoint outside the
+run directory (`checkpoint.dir`). What the users try is what they would type:
+`ls`, `cat`, and `clusterctl status` where this Python can be run by them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import BACKEND_SITES
+from helpers import cli
+
+from clusterctl.actions.submit import submit_job
+from clusterctl.exitcodes import ExitCode
+from clusterctl.plan.job import load_job
+from clusterctl.rundir import RunDir, history
+
+ROOT = Path(__file__).resolve().parent.parent
+STRANGER, MEMBER, GROUP = "ccstranger", "ccmember", "ccshare"
+# What a rank writes: its log line, and a checkpoint shard in the spec's checkpoint.dir (outside the run).
+WRITE_SHARD = 'echo "rank $RANK"; mkdir -p "$CKPT/step-1" && echo weights > "$CKPT/step-1/shard-$RANK"'
+
+
+def as_user(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def users() -> None:
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        if os.environ.get("CI"):
+            pytest.fail("these tests create users: run them as root (make test does in CI)", pytrace=False)
+        pytest.skip("creating the test users needs root and runuser")
+    subprocess.run(["groupadd", "-f", GROUP], check=True)
+    for user, extra in ((STRANGER, []), (MEMBER, ["-G", GROUP])):
+        if subprocess.run(["id", user], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["useradd", "-M", "-s", "/bin/sh", *extra, user], check=True)
+
+
+@pytest.fixture
+def shared(users: None) -> Iterator[Path]:
+    """A directory every user may enter, as a shared file system's project space is."""
+    base = Path(tempfile.mkdtemp(prefix="cc-shared-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def run_job(backend: str, shared: Path, **extra: object) -> RunDir:
+    spec = {"name": "private", "site": BACKEND_SITES[backend], "time_limit": "10m", "nodes": 2, "gpus_per_node": 1,
+            "runs_root": str(shared / "runs"), "checkpoint": {"dir": str(shared / "ckpt")},
+            "env": {"CKPT": str(shared / "ckpt")}, "command": ["bash", "-c", WRITE_SHARD], **extra}
+    (shared / "job.yaml").write_text(json.dumps(spec))
+    old = os.umask(0o022)  # a permissive umask, the common default: the run must not depend on the user's
+    try:
+        run = submit_job(load_job(shared / "job.yaml"), backend).run
+    finally:
+        os.umask(old)
+    deadline = time.monotonic() + 120
+    while not any(e.get("event") == history.EVENT_NEXT for e in history.read_events(run.path / "attempts.jsonl")):
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(0.3)
+    return run
+
+
+def modes(top: Path) -> dict[str, str]:
+    return {str(p.relative_to(top.parent)): stat.filemode(p.stat().st_mode) for p in [top, *top.rglob("*")] if not p.is_symlink()}
+
+
+def test_a_run_and_its_checkpoints_are_private_to_their_owner(backend: str, shared: Path) -> None:
+    run = run_job(backend, shared)
+    shard = shared / "ckpt" / "step-1" / "shard-0"
+    assert shard.read_text() == "weights\n"
+    batch_log = next(run.path.glob("slurm-*.out"))  # created by Slurm (or the local backend) with the submitting umask
+    # Only the owner may enter or read anything, whatever the umask said.
+    for top in (run.path, shared / "ckpt"):
+        found = modes(top)
+        assert set(found.values()) <= {"drwx------", "-rw-------", "-rwx------"}, found
+    assert stat.S_IMODE(batch_log.stat().st_mode) == 0o600
+    assert stat.S_IMODE((shared / "runs").stat().st_mode) == 0o700  # a runs root clusterctl made is private too
+    for path in (run.path, run.path / "spec.yaml", run.path / "attempt-1" / "attempt.json", batch_log, shard, shared / "ckpt"):
+        denied = as_user(STRANGER, "cat" if path.is_file() else "ls", str(path))
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, (path, denied)
+
+
+def test_a_group_run_is_readable_by_its_group_and_no_one_else(shared: Path) -> None:
+    run = run_job("local", shared, runs_mode="group", runs_group=GROUP)
+    gid = int(subprocess.run(["getent", "group", GROUP], capture_output=True, text=True, check=True).stdout.split(":")[2])
+    assert run.path.stat().st_gid == gid and stat.S_IMODE(run.path.stat().st_mode) == 0o2750
+    attempt = run.path / "attempt-1"  # made by the job: the setgid directory gave it the group, the umask its mode
+    assert attempt.stat().st_gid == gid and stat.S_IMODE(attempt.stat().st_mode) & 0o077 == 0o050
+    spec = run.path / "spec.yaml"
+    assert as_user(MEMBER, "cat", str(spec)).stdout == spec.read_text()
+    assert as_user(MEMBER, "ls", str(attempt / "logs")).returncode == 0
+    denied = as_user(MEMBER, "touch", str(run.path / "mine"))
+    assert denied.returncode != 0  # read-only for the group
+    assert as_user(STRANGER, "cat", str(spec)).returncode != 0
+    # `clusterctl status` works for the member, with a Python that user can run (Debian's, the checkout's modules).
+    site_packages = Path(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    path = f"{ROOT}:{site_packages}"
+    probe = as_user(MEMBER, "env", f"PYTHONPATH={path}", "/usr/bin/python3", "-c", "import clusterctl.cli")
+    if probe.returncode != 0:
+        pytest.skip(f"the member cannot run clusterctl from this checkout ({probe.stderr.strip()[-200:]})")
+    status = as_user(MEMBER, "env", f"PYTHONPATH={path}", "HOME=/tmp", "/usr/bin/python3", "-c",
+                     "import sys; from clusterctl.cli import main; sys.argv[0] = 'clusterctl'; main()", "status", str(run.path), "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "completed"
+
+
+def test_group_sharing_needs_a_group_this_machine_knows(shared: Path) -> None:
+    (shared / "job.yaml").write_text(json.dumps({"name": "g", "site": "local", "time_limit": "10m", "nodes": 1, "gpus_per_node": 1, "runs_mode": "group",
+                                                 "runs_root": str(shared / "runs"), "command": ["true"]}))
+    missing = cli("submit", str(shared / "job.yaml"))
+    assert missing.exit_code == ExitCode.BAD_CONFIG and "runs_group" in missing.output, missing.output
+    unknown = cli("submit", str(shared / "job.yaml"), "--set", "runs_group=no-such-group")
+    assert unknown.exit_code == ExitCode.BAD_CONFIG and "no-such-group" in unknown.output and "getent group" in unknown.output
+    assert not (shared / "runs").exists()  # refused before anything was written
