@@ -12,6 +12,7 @@ RUN_DIR = "CLUSTERCTL_RUN_DIR"
 ATTEMPT = "CLUSTERCTL_ATTEMPT"
 ATTEMPT_DIR = "CLUSTERCTL_ATTEMPT_DIR"
 TOKEN = "CLUSTERCTL_TOKEN"
+INJECT_TOKEN = "CLUSTERCTL_INJECT_TOKEN"  # the token a drill's injector checks a pid against (never on its command line)
 NODES = "CLUSTERCTL_NODES"  # nodes running ranks (allocation minus spares/excluded)
 HOSTFILE = "CLUSTERCTL_HOSTFILE"
 OVERSUBSCRIBED = "CLUSTERCTL_OVERSUBSCRIBED"  # 1 where emulated GPUs share real CPUs (runtime/computeclock.py)

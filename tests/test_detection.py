@@ -169,35 +169,3 @@ def _units(seconds: float) -> int:
     from detection_harness import units_for
 
     return units_for(seconds)
-
-
-def test_an_aggregator_with_a_stale_token_is_turned_away(tmp_path: Path) -> None:
-    import json
-    import socket
-
-    from clusterctl.runtime.watchdog import Watchdog
-    from clusterctl.runtime.watchserver import WatchServer
-
-    logged: list[str] = []
-    wd = Watchdog(2, ["n1"], 2, FAST)
-    server = WatchServer(socket.create_server(("127.0.0.1", 0)), "right-token", wd, tmp_path / "t.jsonl", lambda f: None, logged.append)
-    server.start()
-    try:
-        beat = {"kind": "batch", "beats": [{"kind": "phase", "rank": 0, "step": 3, "phase": "forward", "pid": 1}]}
-        for token in ("stale-token", "right-token"):
-            with socket.create_connection(("127.0.0.1", server.port)) as conn:
-                hello = {"kind": "hello", "token": token, "node": "n1"}
-                conn.sendall((json.dumps(hello) + "\n" + json.dumps(beat) + "\n").encode())
-                if token == "stale-token":
-                    try:
-                        closed = conn.recv(10) == b""
-                    except ConnectionResetError:
-                        closed = True
-                    assert closed  # the server hung up on it
-                    assert wd.ranks[0].step == -1
-                else:
-                    assert server.wait_until(lambda: wd.ranks[0].step == 3, 5)
-                    conn.sendall(b'{"kind": "bye"}\n')
-        assert any("stale or missing attempt token" in line for line in logged)
-    finally:
-        server.close()

@@ -427,17 +427,17 @@ def run_drill(
     attempt = wait_for_attempt(run, backend, timeout, show)
     if fault != "pre-timeout":
         wait_for_training(attempt, min(timeout, STEP_WAIT_S), show)
-    injector = Injector(backend, attempt.job_id or jobid.native(state.get("job_id")), node_python(run))
+    injector = Injector(backend, attempt.job_id or jobid.native(state.get("job_id")), node_python(run), attempt.token)
     injector.check()
     # Said before the fault lands: the recovery step marks this attempt's culprits as a drill's suspects.
     write_json_atomic(attempt.path / rundir.DRILL, {"fault": fault, "target": target, "factor": factor, "time": time.time()})
     background: Background | None = None
-    victim: tuple[str, list[str]] | None = None  # host and --pid/--token of a rank to continue at the end
+    victim: tuple[str, list[str]] | None = None  # host and --pid of a rank to continue at the end
     try:
         if fault in ("hang", "slow", "kill"):
             record = _rank_record(attempt, int(target), run)
             host, pid = str(record.get("host") or ""), int(record["pid"])
-            who = ["--pid", str(pid), "--token", attempt.token]
+            who = ["--pid", str(pid)]  # the token goes in the injector's environment, out of `ps`
             what = f"{fault} rank {target} (pid {pid} on {host})"
             if fault == "slow":
                 what = f"slow rank {target} by {factor:g}x (pid {pid} on {host})"

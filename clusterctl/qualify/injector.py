@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from clusterctl import envnames
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import jobid
@@ -83,9 +84,16 @@ class Injector:
     backend: str
     job_id: str
     python: str
+    token: str | None = None  # the attempt's: handed to the injector in its environment, never on its command line
 
     def argv(self, host: str, args: list[str]) -> list[str]:
         return injector_argv(self.backend, self.job_id, host, self.python, args)
+
+    def env(self) -> dict[str, str]:
+        env = injector_env(self.backend)
+        if self.token:
+            env[envnames.INJECT_TOKEN] = self.token  # srun passes it on (its default --export=ALL)
+        return env
 
     def check(self) -> None:
         if self.backend == "slurm" and shutil.which("srun") is None:
@@ -95,7 +103,7 @@ class Injector:
         """Run the injector to completion; its JSON report (ok true) or InjectorFailed."""
         try:
             proc = subprocess.run(
-                self.argv(host, args), env=injector_env(self.backend), stdin=subprocess.DEVNULL,
+                self.argv(host, args), env=self.env(), stdin=subprocess.DEVNULL,
                 capture_output=True, text=True, timeout=INJECT_TIMEOUT_S, check=False,
             )
         except subprocess.TimeoutExpired:
@@ -111,7 +119,7 @@ class Injector:
         """Start a long-running injector (--slow); returns once it reported that it started."""
         try:
             proc = subprocess.Popen(
-                self.argv(host, args), env=injector_env(self.backend), stdin=subprocess.PIPE,
+                self.argv(host, args), env=self.env(), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )
         except OSError as exc:

@@ -14,7 +14,8 @@ with it. It
   imports (throttle reasons, clocks, temperature, ECC counters);
 * sends the controller one JSON line per interval over TCP — phase and step
   messages as they came, the latest liveness beat per rank, process states
-  and GPU samples — after a `hello` carrying the attempt token, and a `gone`
+  and GPU samples — after a `hello` that answers the controller's challenge
+  with the attempt token (runtime/greeting.py), and a `gone`
   line at once when a rank's process ends;
 * obeys the controller's commands: `dump` (SIGURG to every rank, on which
   faulthandler writes its stacks, and a write to each NCCL flight recorder
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl import envnames, rundir
+from clusterctl.runtime import greeting
 from clusterctl.runtime.gpusample import GpuSampler
 from clusterctl.runtime.heartbeat import socket_path
 from clusterctl.runtime.procfs import process_state
@@ -94,14 +96,31 @@ class Aggregator:
             try:
                 conn = socket.create_connection(self.controller, timeout=5)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello = {"kind": "hello", "token": self.token, "node": self.node, "pid": os.getpid()}
-                conn.sendall((json.dumps(hello) + "\n").encode())
+                nonce = self.challenge(conn)
+                conn.sendall(greeting.hello(self.token, nonce, self.node, os.getpid()))
                 conn.setblocking(False)
                 return conn
             except OSError as exc:
                 last = exc
                 time.sleep(0.2)
         raise OSError(f"cannot reach the controller at {self.controller[0]}:{self.controller[1]}: {last}")
+
+    @staticmethod
+    def challenge(conn: socket.socket) -> str:
+        """The controller's first line: the nonce this connection's hello must answer."""
+        data = b""
+        while b"\n" not in data:
+            chunk = conn.recv(4096)
+            if not chunk or len(data) > 4096:
+                raise OSError("the controller closed the connection before its challenge")
+            data += chunk
+        try:
+            msg = json.loads(data.split(b"\n", 1)[0])
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict) or msg.get("kind") != greeting.CHALLENGE or not isinstance(msg.get("nonce"), str):
+            raise OSError("the controller's first line is not a challenge")
+        return msg["nonce"]
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> int:

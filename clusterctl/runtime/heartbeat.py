@@ -32,7 +32,8 @@ LIVENESS_S = 1.0
 def socket_path(directory: str, token: str, node: str) -> str:
     """The node aggregator's socket: one per attempt (token) and emulated node, short enough for AF_UNIX."""
     name = node if len(node) <= 40 and "/" not in node else hashlib.sha1(node.encode()).hexdigest()[:16]
-    return os.path.join(directory, f"clusterctl-{token[:12]}-{name}.sock")
+    attempt = hashlib.sha256(token.encode()).hexdigest()[:12]  # names the attempt without giving away its token
+    return os.path.join(directory, f"clusterctl-{attempt}-{name}.sock")
 
 
 def socket_from_env() -> str | None:

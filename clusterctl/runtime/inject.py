@@ -310,7 +310,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Inject a fault into a rank (by pid, checked against the attempt's token) or a node.",
     )
     parser.add_argument("--pid", type=int, help="the rank's process id")
-    parser.add_argument("--token", help=f"the attempt's token ({envnames.TOKEN} in the rank's environment)")
+    parser.add_argument("--token", help=f"the attempt's token ({envnames.TOKEN} in the rank's environment); default:"
+                        f" ${envnames.INJECT_TOKEN}, which keeps it off the command line")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--hang", action="store_true", help="SIGSTOP the process (left stopped)")
     what.add_argument("--resume", action="store_true", help="SIGCONT the process")
@@ -333,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.pid is not None:
             parser.error("--node takes no --pid")
     else:
+        args.token = args.token if args.token is not None else os.environ.get(envnames.INJECT_TOKEN)
         if args.pid is None or args.token is None:
-            parser.error("--pid and --token are required (except with --node)")
+            parser.error(f"--pid and the attempt's token (${envnames.INJECT_TOKEN} or --token) are required (except with --node)")
         if not args.token:
             parser.error("--token must not be empty")
     if args.slow is not None:

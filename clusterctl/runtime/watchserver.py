@@ -1,12 +1,22 @@
 """The controller's side of the heartbeat path: a transport that feeds the watchdog.
 
 One thread serves every node aggregator's TCP connection (JSON lines, a
-`hello` with the attempt token first: a stale aggregator is turned away),
+`hello` that answers the connection's challenge with the attempt token first,
+runtime/greeting.py: a stale aggregator or a stranger is turned away),
 feeds the watchdog, appends what it learns to attempt-N/timeline.jsonl
 (rundir/timeline.py has the records) and, once armed (the rendezvous
 passed), asks the watchdog a few times a second whether a verdict is due.
 The first finding goes to the controller's callback, once; the controller
 records it (runtime/verdicts.py) and acts on it through `send_all`.
+
+Whoever can reach the port cannot make the controller hold much or wait:
+before its hello a connection may send PRE_HELLO_BYTES and take
+HELLO_DEADLINE_S, and there are at most UNGREETED_PER_PEER such connections
+from one address (UNGREETED_TOTAL in all); a greeted one's line is at most
+MAX_LINE; one hello per node. Sends never block the thread: a command waits
+in the connection's own buffer, and a connection that lets OUT_LIMIT pile
+up (it stopped reading) is dropped (a node's aggregator: its node is lost,
+after the watchdog's usual confirmation).
 """
 
 from __future__ import annotations
@@ -21,10 +31,16 @@ from typing import Any, Callable
 
 from clusterctl.rundir import timeline
 from clusterctl.rundir.verdict import Verdict
+from clusterctl.runtime import greeting
 from clusterctl.runtime.watchdog import Watchdog
 
 CHECK_EVERY_S = 0.25
-MAX_LINE = 1 << 24
+MAX_LINE = 1 << 22  # a greeted aggregator's one-second batch, however many steps it holds
+PRE_HELLO_BYTES = 4096
+HELLO_DEADLINE_S = 10.0
+UNGREETED_PER_PEER = 32
+UNGREETED_TOTAL = 256
+OUT_LIMIT = 1 << 16  # commands are a few bytes: a backlog this size means the peer stopped reading
 
 
 class WatchServer:
@@ -45,7 +61,7 @@ class WatchServer:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.selector = selectors.DefaultSelector()
-        self.conns: dict[socket.socket, dict[str, Any]] = {}  # conn -> {node, buffer, greeted}
+        self.conns: dict[socket.socket, dict[str, Any]] = {}  # conn -> {node, buffer, greeted, nonce, peer, since, out}
         self.finding: Verdict | None = None
         self.armed = False
         self.closing = False
@@ -73,16 +89,23 @@ class WatchServer:
         sent = 0
         with self.lock:
             for conn, info in list(self.conns.items()):
-                if not info.get("greeted"):
-                    continue
-                try:
-                    conn.setblocking(True)
-                    conn.sendall(data)
-                    conn.setblocking(False)
-                    sent += 1
-                except OSError:
-                    pass
+                if info.get("greeted"):
+                    info["out"] += data
+                    sent += self._flush(conn, info)
         return sent
+
+    def _flush(self, conn: socket.socket, info: dict[str, Any]) -> bool:
+        """Send what waits for this connection without blocking (under the lock); whether all of it went."""
+        try:
+            while info["out"]:
+                info["out"] = info["out"][conn.send(info["out"]):]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            info["stuck"] = True
+        if len(info["out"]) > OUT_LIMIT:
+            info["stuck"] = True
+        return not info["out"]
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait (under the lock, woken by each message) until predicate() holds or the timeout passes."""
@@ -124,17 +147,55 @@ class WatchServer:
                     self._read(key.fileobj)  # type: ignore[arg-type]
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_EVERY_S
+                self._tend()
                 self._check()
+
+    def _tend(self) -> None:
+        """Send what waits; close connections that never greeted in time, drop those that stopped reading."""
+        now = time.monotonic()
+        with self.lock:
+            for conn, info in list(self.conns.items()):
+                if info["out"]:
+                    self._flush(conn, info)
+                if not info["greeted"] and now - info["since"] > HELLO_DEADLINE_S:
+                    self._refuse(conn, f"no hello within {HELLO_DEADLINE_S:.0f} s from {info['peer']}")
+        for conn, info in [(c, i) for c, i in list(self.conns.items()) if i.get("stuck")]:
+            self.log(f"dropped the connection of node {info['node']}: it stopped reading ({len(info['out'])} bytes waiting)")
+            self._drop(conn, info)
+
+    def _refuse(self, conn: socket.socket, why: str | None) -> None:
+        """Close a connection that never greeted (under the lock): nothing it sent counted. `why` is logged
+        (None: not one by one, as a flood would fill the batch log)."""
+        try:
+            self.selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        self.conns.pop(conn, None)
+        conn.close()
+        if why:
+            self.log(f"turned away a connection: {why}")
 
     def _accept(self) -> None:
         try:
-            conn, _ = self.listener.accept()
+            conn, address = self.listener.accept()
         except OSError:
             return
-        conn.setblocking(False)
-        self.selector.register(conn, selectors.EVENT_READ)
+        peer = str(address[0]) if isinstance(address, tuple) else "?"
         with self.lock:
-            self.conns[conn] = {"node": None, "buffer": b"", "greeted": False}
+            # Over a cap, the oldest waiting connection (from this address, else any) makes room: a flood has to
+            # keep churning, and a genuine aggregator, which greets at once, gets in between.
+            waiting = sorted(((i["since"], c, i) for c, i in self.conns.items() if not i["greeted"]), key=lambda w: w[0])
+            mine = [w for w in waiting if w[2]["peer"] == peer]
+            if len(mine) >= UNGREETED_PER_PEER or len(waiting) >= UNGREETED_TOTAL:
+                _, oldest, _ = (mine if len(mine) >= UNGREETED_PER_PEER else waiting)[0]
+                self._refuse(oldest, None)
+            conn.setblocking(False)
+            nonce, line = greeting.challenge()
+            info = {"node": None, "buffer": b"", "greeted": False, "nonce": nonce, "peer": peer,
+                    "since": time.monotonic(), "out": line}
+            self.conns[conn] = info
+            self._flush(conn, info)
+        self.selector.register(conn, selectors.EVENT_READ)
 
     def _read(self, conn: socket.socket) -> None:
         info = self.conns.get(conn)
@@ -150,6 +211,10 @@ class WatchServer:
             self._drop(conn, info)
             return
         info["buffer"] += data
+        if not info["greeted"] and len(info["buffer"]) > PRE_HELLO_BYTES:
+            with self.lock:
+                self._refuse(conn, f"{len(info['buffer'])} bytes before a hello from {info['peer']}")
+            return
         if len(info["buffer"]) > MAX_LINE:
             self._drop(conn, info)
             return
@@ -162,16 +227,22 @@ class WatchServer:
                     msg = json.loads(line)
                 except ValueError:
                     continue
-                if not info["greeted"]:
-                    if msg.get("kind") != "hello" or msg.get("token") != self.token:
-                        self.log(f"turned away an aggregator with a stale or missing attempt token ({msg.get('node')})")
-                        self.selector.unregister(conn)
-                        del self.conns[conn]
-                        conn.close()
-                        return
-                    info["greeted"], info["node"] = True, str(msg.get("node", "?"))
+                if not isinstance(msg, dict):
                     continue
-                self._handle(info, msg, now)
+                if not info["greeted"]:
+                    node = msg.get("node")
+                    if not greeting.verify(self.token, info["nonce"], msg):
+                        self._refuse(conn, f"a hello without this attempt's secret from {info['peer']} (node {node!r})")
+                        return
+                    if any(i["greeted"] and i["node"] == node for i in self.conns.values()):
+                        self._refuse(conn, f"a second hello for node {node} from {info['peer']}")
+                        return
+                    info["greeted"], info["node"] = True, node
+                    continue
+                try:
+                    self._handle(info, msg, now)
+                except (TypeError, ValueError, AttributeError, KeyError):
+                    pass  # a malformed record from a greeted peer: ignored, the connection and the server go on
             self.changed.notify_all()
 
     def _handle(self, info: dict[str, Any], msg: dict[str, Any], now: float) -> None:

@@ -1,0 +1,45 @@
+"""The watch connection's greeting: a challenge from the controller, a hello bound to the attempt's secret.
+
+The attempt token never crosses the wire. The controller's first line on a
+new connection is a fresh nonce; the aggregator answers with
+HMAC-SHA256(token, nonce|node). A process that can reach the watch port but
+cannot read the token (attempt.json and the ranks' environment are their
+owner's) cannot greet, so it can neither send beats nor end a connection
+that would read as a lost node; a greeting seen on one connection does not
+answer another's nonce, in this attempt or the next. Standard library only:
+the aggregator imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from typing import Any
+
+CHALLENGE = "challenge"
+HELLO = "hello"
+
+
+def challenge() -> tuple[str, bytes]:
+    """A new connection's nonce, and the line that carries it."""
+    nonce = secrets.token_hex(16)
+    return nonce, (json.dumps({"kind": CHALLENGE, "nonce": nonce}) + "\n").encode()
+
+
+def mac(token: str, nonce: str, node: str) -> str:
+    return hmac.new(token.encode(), f"{nonce}|{node}".encode(), hashlib.sha256).hexdigest()
+
+
+def hello(token: str, nonce: str, node: str, pid: int) -> bytes:
+    """The aggregator's answer to a challenge: its node, its pid, the MAC (never the token)."""
+    return (json.dumps({"kind": HELLO, "node": node, "pid": pid, "mac": mac(token, nonce, node)}) + "\n").encode()
+
+
+def verify(token: str, nonce: str, msg: dict[str, Any]) -> bool:
+    """Whether `msg` is a hello that answers this nonce with this attempt's token."""
+    given, node = msg.get("mac"), msg.get("node")
+    if msg.get("kind") != HELLO or not isinstance(given, str) or not isinstance(node, str) or not token:
+        return False
+    return hmac.compare_digest(mac(token, nonce, node), given)

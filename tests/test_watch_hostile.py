@@ -1,0 +1,180 @@
+"""The controller's watch port against whoever can reach it: strangers cannot greet, flood, stall or fool it.
+
+A real WatchServer with its watchdog, on 127.0.0.1, and real sockets: the
+connections a stranger would open (no secret, a replayed greeting, a flood,
+bytes without end, a client that stops reading, garbage after a valid hello)
+next to a genuine aggregator's. What must hold: nothing they send is
+counted, no verdict comes of them, the server's memory and the sends to the
+genuine aggregator are bounded, and the genuine one is heard throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from clusterctl.rundir.runjson import WatchdogRecord as Settings
+from clusterctl.runtime import greeting, watchserver
+from clusterctl.runtime.watchdog import Watchdog
+from clusterctl.runtime.watchserver import WatchServer
+
+TOKEN = "the-attempt-secret"
+FAST = Settings(hang_timeout=30, save_timeout=8, straggler_factor=1.25, window=10)
+
+
+class Server:
+    def __init__(self, tmp: Path) -> None:
+        self.logged: list[str] = []
+        self.findings: list[object] = []
+        self.watchdog = Watchdog(2, ["n1", "n2"], 1, FAST)
+        self.server = WatchServer(socket.create_server(("127.0.0.1", 0)), TOKEN, self.watchdog, tmp / "t.jsonl",
+                                  self.findings.append, self.logged.append)
+        self.server.start()
+        self.server.arm()
+
+    def connect(self) -> socket.socket:
+        conn = socket.create_connection(("127.0.0.1", self.server.port), timeout=5)
+        return conn
+
+    def greet(self, node: str, token: str = TOKEN) -> socket.socket:
+        """A genuine aggregator's greeting: the challenge read, the hello sent."""
+        conn = self.connect()
+        nonce = read_challenge(conn)
+        conn.sendall(greeting.hello(token, nonce, node, os.getpid()))
+        return conn
+
+    def beat(self, conn: socket.socket, rank: int, step: int) -> None:
+        batch = {"kind": "batch", "beats": [{"kind": "phase", "rank": rank, "step": step, "phase": "forward", "pid": 1}]}
+        conn.sendall((json.dumps(batch) + "\n").encode())
+
+
+def read_challenge(conn: socket.socket) -> str:
+    data = b""
+    while b"\n" not in data:
+        data += conn.recv(4096)
+    msg = json.loads(data.split(b"\n")[0])
+    assert msg["kind"] == "challenge"
+    return msg["nonce"]
+
+
+def closed_by_server(conn: socket.socket) -> bool:
+    conn.settimeout(15)
+    try:
+        while True:
+            if conn.recv(4096) == b"":
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.fixture
+def srv(tmp_path: Path) -> Iterator[Server]:
+    s = Server(tmp_path)
+    yield s
+    s.server.close()
+
+
+def test_only_a_greeting_made_with_the_secret_is_heard_and_no_greeting_crosses_to_another_connection(srv: Server) -> None:
+    # The old greeting (the token itself on the wire) and a wrong secret are refused; nothing they send counts.
+    old = srv.connect()
+    read_challenge(old)
+    old.sendall((json.dumps({"kind": "hello", "token": TOKEN, "node": "n1"}) + "\n").encode())
+    assert closed_by_server(old)
+    wrong = srv.greet("n1", token="a-guess")
+    srv.beat(wrong, 0, 7)
+    assert closed_by_server(wrong)
+    # A greeting that was valid on one connection, replayed on another, answers the wrong challenge.
+    first = srv.connect()
+    nonce = read_challenge(first)
+    captured = greeting.hello(TOKEN, nonce, "n1", 1)
+    replay = srv.connect()
+    read_challenge(replay)
+    replay.sendall(captured)
+    assert closed_by_server(replay)
+    assert srv.watchdog.ranks[0].step == -1 and not srv.watchdog.lost_nodes
+    # The genuine one is heard; a second hello for its node is refused; a stranger who left never reads as a lost node.
+    first.sendall(captured)
+    srv.beat(first, 0, 3)
+    assert srv.server.wait_until(lambda: srv.watchdog.ranks[0].step == 3, 5)
+    twin = srv.greet("n1")
+    assert closed_by_server(twin)
+    time.sleep(watchserver.CHECK_EVERY_S * 2)
+    assert not srv.watchdog.lost_nodes and srv.findings == []
+    assert sum("without this attempt's secret" in line for line in srv.logged) == 3, srv.logged
+    assert any("a second hello for node n1" in line for line in srv.logged)
+    first.sendall(b'{"kind": "bye"}\n')
+
+
+def test_a_flood_of_strangers_is_bounded_and_the_genuine_aggregator_still_gets_in(srv: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    flood = []
+    for _ in range(300):  # more than the caps: the oldest waiting ones make room
+        conn = srv.connect()
+        conn.sendall(b"x" * 1000)  # under the pre-hello limit: they wait for their deadline
+        flood.append(conn)
+    with srv.server.lock:
+        waiting = sum(1 for i in srv.server.conns.values() if not i["greeted"])
+    assert waiting <= watchserver.UNGREETED_PER_PEER
+    genuine = srv.greet("n2")
+    srv.beat(genuine, 1, 5)
+    assert srv.server.wait_until(lambda: srv.watchdog.ranks[1].step == 5, 5)
+    # Bytes without end before a hello: cut off at the limit, not buffered.
+    endless = srv.connect()
+    read_challenge(endless)
+    try:
+        endless.sendall(b"y" * (watchserver.PRE_HELLO_BYTES * 4))
+    except OSError:
+        pass
+    assert closed_by_server(endless)
+    for conn in flood:
+        conn.close()
+    assert srv.findings == [] and not srv.watchdog.lost_nodes
+
+
+def test_a_connection_that_never_greets_is_closed_at_its_deadline(srv: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchserver, "HELLO_DEADLINE_S", 0.5)
+    silent = srv.connect()
+    read_challenge(silent)
+    assert closed_by_server(silent)
+    assert any("no hello within" in line for line in srv.logged)
+
+
+def test_sends_never_block_and_a_peer_that_stops_reading_is_dropped_as_its_node(srv: Server) -> None:
+    stuck = srv.greet("n1")
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and it never reads
+    srv.beat(stuck, 0, 2)
+    assert srv.server.wait_until(lambda: srv.watchdog.ranks[0].step == 2, 5)
+    sent = threading.Event()
+
+    def commands() -> None:  # until the kernel's buffers are full and the server's own backlog passes its limit
+        for _ in range(1_000_000):
+            if srv.server.send_all("dump") == 0 and "n1" in srv.watchdog.lost_nodes:
+                break
+        sent.set()
+
+    worker = threading.Thread(target=commands, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert sent.is_set()  # however full the peer's socket, send_all returned every time
+    assert srv.server.wait_until(lambda: "n1" in srv.watchdog.lost_nodes, 10)  # dropped: its node is lost
+    assert any("stopped reading" in line for line in srv.logged)
+
+
+def test_garbage_after_a_valid_hello_is_ignored_and_the_server_stays_up(srv: Server) -> None:
+    conn = srv.greet("n1")
+    for junk in (b"[1, 2]\n", b"null\n", b"{not json\n", b'{"kind": "gone", "rank": "x"}\n',
+                 b'{"kind": "batch", "beats": 7}\n', b'{"kind": "batch", "beats": [1, "a"], "procs": [3]}\n',
+                 b'{"kind": "gone", "rank": 0, "t": "soon"}\n'):
+        conn.sendall(junk)
+    srv.beat(conn, 0, 9)
+    assert srv.server.wait_until(lambda: srv.watchdog.ranks[0].step == 9, 5)
+    assert srv.server._thread.is_alive()
+    conn.sendall(b'{"kind": "bye"}\n')
