@@ -22,6 +22,7 @@ torch_distributed = pytest.importorskip("torch.distributed")
 from clusterctl.exitcodes import ExitCode  # noqa: E402
 from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl.runtime import registration, rendezvous  # noqa: E402
+from clusterctl.runtime.preflight import marker_id  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 
 TOKEN = "attempt-token"
@@ -140,7 +141,8 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
     assert [r["rank"] for r in manifest["ranks"]] == [0, 1, 2, 3]
     assert [r["host"] for r in manifest["ranks"]] == ["n1", "n1", "n2", "n2"]
     assert manifest["ranks"][3]["groups"]["tp"] == 1 and manifest["groups"]["dp"] == [[0, 2], [1, 3]]
-    assert (tmp_path / "run" / "checkpoints" / f".clusterctl-shared-{TOKEN}").read_text().strip() == TOKEN
+    marker = tmp_path / "run" / "checkpoints" / f".clusterctl-shared-{marker_id(TOKEN)}"
+    assert marker.read_text().strip() == marker_id(TOKEN) and TOKEN not in marker.read_text()
     code, out = ctl.stop()
     assert code == ExitCode.SCRIPT_FAILED, out
     verdict = json.loads((ctl.attempt / "verdict.json").read_text())
@@ -280,7 +282,7 @@ def test_an_attempts_marker_lives_as_long_as_its_controller_and_stale_ones_go(tm
         return sorted(p.name for p in ckpt.iterdir() if p.name.startswith(".clusterctl-shared-"))
 
     first = Controller(run_dir / "attempt-1", token="tok-1")
-    assert markers() == [".clusterctl-shared-another-run", ".clusterctl-shared-tok-1"]
+    assert markers() == sorted([".clusterctl-shared-another-run", ".clusterctl-shared-" + marker_id("tok-1")])
     code, out = first.stop()
     assert code == ExitCode.RENDEZVOUS_FAILED, out
     assert markers() == [".clusterctl-shared-another-run"]
@@ -288,10 +290,10 @@ def test_an_attempts_marker_lives_as_long_as_its_controller_and_stale_ones_go(tm
     second = Controller(next_attempt(run_dir, 2), token="tok-2")
     second.proc.kill()
     second.proc.communicate(timeout=30)
-    assert markers() == [".clusterctl-shared-another-run", ".clusterctl-shared-tok-2"]
+    assert markers() == sorted([".clusterctl-shared-another-run", ".clusterctl-shared-" + marker_id("tok-2")])
 
     third = Controller(next_attempt(run_dir, 3), token="tok-3")
-    assert markers() == [".clusterctl-shared-another-run", ".clusterctl-shared-tok-3"]
+    assert markers() == sorted([".clusterctl-shared-another-run", ".clusterctl-shared-" + marker_id("tok-3")])
     code, out = third.stop()
     assert code == ExitCode.RENDEZVOUS_FAILED, out
     assert markers() == [".clusterctl-shared-another-run"]

@@ -639,14 +639,14 @@ def test_dirs_skipped_when_none() -> None:
 # --- shared_fs -------------------------------------------------------------------
 
 
-def test_write_shared_marker_is_atomic_and_named_by_token(tmp_path: Path) -> None:
+def test_write_shared_marker_is_atomic_and_named_by_the_attempt_not_its_token(tmp_path: Path) -> None:
     path = write_shared_marker(str(tmp_path / "ckpt"), "a1b2c3")
-    assert path == str(tmp_path / "ckpt" / ".clusterctl-shared-a1b2c3")
-    assert open(path).read() == "a1b2c3"
-    assert os.listdir(tmp_path / "ckpt") == [".clusterctl-shared-a1b2c3"]  # no temporary left behind
-    for bad in ("", "a/b", "..", "x\0y"):
-        with pytest.raises(ValueError):
-            write_shared_marker(str(tmp_path), bad)
+    named = ".clusterctl-shared-" + preflight_sharedfs.marker_id("a1b2c3")
+    assert path == str(tmp_path / "ckpt" / named)
+    assert open(path).read() == preflight_sharedfs.marker_id("a1b2c3")  # the token is neither its name nor its content
+    assert os.listdir(tmp_path / "ckpt") == [named]  # no temporary left behind
+    with pytest.raises(ValueError):
+        write_shared_marker(str(tmp_path), "")
 
 
 def test_shared_marker_present(tmp_path: Path) -> None:
@@ -666,20 +666,21 @@ def test_shared_marker_missing_fails(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_shared_marker_wrong_token_fails(tmp_path: Path) -> None:
-    path = tmp_path / ".clusterctl-shared-tok-7"
-    path.write_text("tok-6")
+    path = tmp_path / "marker"
+    path.write_text(preflight_sharedfs.marker_id("tok-6"))
     r = only("shared_fs", make_ctx(shared_marker=str(path), shared_token="tok-7"))
     assert not r.ok
     assert r.detail == (
-        f"checkpoint directory is not shared with the first node: marker {path} on {HOST} "
-        "holds another attempt's token ('tok-6', expected 'tok-7')"
+        f"checkpoint directory is not shared with the first node: marker {path} on {HOST} holds another attempt's id"
+        f" ('{preflight_sharedfs.marker_id('tok-6')}', expected '{preflight_sharedfs.marker_id('tok-7')}')"
     )
+    assert "tok-7" not in r.detail
     assert r.data["token_matches"] is False
 
 
 def test_shared_marker_appearing_late_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preflight_sharedfs, "SHARED_MARKER_WAIT_S", 5.0)
-    target = str(tmp_path / ".clusterctl-shared-late")
+    target = preflight_sharedfs.marker_path(str(tmp_path), "late")
     timer = threading.Timer(0.15, write_shared_marker, args=(str(tmp_path), "late"))
     timer.start()
     try:

@@ -24,7 +24,7 @@ from typing import Any
 from clusterctl import envnames
 from clusterctl.exitcodes import ExitCode
 from clusterctl.runtime import heartbeat, stacks, stepwatch
-from clusterctl.runtime.preflight import POST_RENDEZVOUS
+from clusterctl.runtime.preflight import POST_RENDEZVOUS, marker_path
 from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
@@ -96,7 +96,7 @@ def preflight(info: Any) -> list[dict[str, Any]]:
         nics=info.nics,
         nic_kinds=tuple(k for k in row.get("nic_kinds", "").split(",") if k),
         dirs=(os.environ.get("TMPDIR", "/tmp"), checkpoint_dir, str(info.attempt_dir)),
-        shared_marker=os.path.join(checkpoint_dir, f".clusterctl-shared-{info.token}") if info.token else None,
+        shared_marker=marker_path(checkpoint_dir, info.token) if info.token else None,
         shared_token=info.token or None,
     )
     return [

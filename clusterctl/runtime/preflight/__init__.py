@@ -31,7 +31,7 @@ from clusterctl.runtime.preflight.dirs import check_dirs
 from clusterctl.runtime.preflight.gpu import check_gpu, slowdown_reasons
 from clusterctl.runtime.preflight.memory import check_memory
 from clusterctl.runtime.preflight.nic import check_nic
-from clusterctl.runtime.preflight.sharedfs import MARKER_PREFIX, check_shared_fs, write_shared_marker
+from clusterctl.runtime.preflight.sharedfs import MARKER_PREFIX, check_shared_fs, marker_id, marker_path, write_shared_marker
 
 CHECKS: tuple[str, ...] = ("gpu", "nic", "cpu", "memory", "dirs", "shared_fs")
 POST_RENDEZVOUS: tuple[str, ...] = ("comm", "compute")
@@ -87,6 +87,8 @@ def failed(results: Sequence[CheckResult]) -> list[CheckResult]:
 __all__ = [
     "CHECKS",
     "MARKER_PREFIX",
+    "marker_id",
+    "marker_path",
     "POST_RENDEZVOUS",
     "CheckResult",
     "PreflightContext",

@@ -25,7 +25,7 @@ class PreflightContext:
     nic_kinds: tuple[str, ...]  # matching kinds: ib, roce, ethernet, efa, slingshot, loopback
     dirs: tuple[str, ...]  # directories that must be writable
     shared_marker: str | None  # marker the first node wrote in the checkpoint dir; None: skip
-    shared_token: str | None  # the content the marker must have (the attempt token)
+    shared_token: str | None  # the attempt token: the marker must hold its id (sharedfs.marker_id)
     min_free_memory_bytes: int = 1 << 30
     max_gpu_temp_c: int = 85
 

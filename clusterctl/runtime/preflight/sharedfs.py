@@ -2,12 +2,15 @@
 
 A node-local checkpoint directory looks fine until a restart resumes from it
 on another node and finds nothing. The controller, on the first node, writes
-the marker (named by the attempt token) before ranks start; each rank then
-proves it sees the same file, and the same token, in its checkpoint directory.
+the marker before ranks start; each rank then proves it sees the same file,
+holding the same attempt's id, in its checkpoint directory. The id is a hash
+of the attempt token (`marker_id`): the token itself never reaches a file name
+or a file another user might read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Sequence
@@ -24,33 +27,43 @@ SHARED_MARKER_WAIT_S = 3.0
 MARKER_PREFIX = ".clusterctl-shared-"
 
 
+def marker_id(token: str) -> str:
+    """The attempt's name in the marker: a hash of its token, which only the attempt's processes can compute."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def marker_path(directory: str, token: str) -> str:
+    return os.path.join(directory, MARKER_PREFIX + marker_id(token))
+
+
 def write_shared_marker(directory: str, token: str, replaces: Sequence[str] = ()) -> str:
-    """Write `<directory>/.clusterctl-shared-<token>` holding the token; return its path.
+    """Write `<directory>/.clusterctl-shared-<id>` holding the attempt's id (`marker_id`); return its path.
 
     The first node writes it before ranks start; every other node then proves
     it sees the same directory. Written under a temporary name, fsynced and
     renamed (parent fsynced too), so no node ever reads a torn marker.
 
-    `replaces` names, by token, markers that earlier attempts of the same run
+    `replaces` names, by id, markers that earlier attempts of the same run
     left in this directory: once the new marker is in place they are removed
-    (only `<directory>/.clusterctl-shared-<token>` for those tokens, never
+    (only `<directory>/.clusterctl-shared-<id>` for those ids, never
     anything matched by pattern: another run may share the directory).
     """
-    if not _marker_token_ok(token):
-        raise ValueError(f"attempt token {token!r} cannot be part of a file name")
+    if not token:
+        raise ValueError("an empty attempt token names no attempt")
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, MARKER_PREFIX + token)
+    mine = marker_id(token)
+    path = marker_path(directory, token)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, token.encode("utf-8"))
+        os.write(fd, mine.encode("utf-8"))
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
     _fsync_dir(directory)
     for old in set(replaces):
-        if old != token and _marker_token_ok(old):
+        if old != mine and _name_ok(old):
             try:
                 os.unlink(os.path.join(directory, MARKER_PREFIX + old))
             except OSError:  # gone already, or not ours to remove: the new marker counts, not the old ones
@@ -58,8 +71,8 @@ def write_shared_marker(directory: str, token: str, replaces: Sequence[str] = ()
     return path
 
 
-def _marker_token_ok(token: str) -> bool:
-    return bool(token) and "/" not in token and "\0" not in token and token not in (".", "..")
+def _name_ok(name: str) -> bool:
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
 
 
 def check_shared_fs(ctx: PreflightContext) -> CheckResult:
@@ -86,7 +99,7 @@ def check_shared_fs(ctx: PreflightContext) -> CheckResult:
         data["token_checked"] = False
         return CheckResult("shared_fs", True, False, f"marker {path} visible on {ctx.host}", data)
     data["token_checked"] = True
-    data["token_matches"] = content.strip() == ctx.shared_token.strip()
+    data["token_matches"] = content.strip() == marker_id(ctx.shared_token.strip())
     if not data["token_matches"]:
         shown = content.strip()[:64]
         return CheckResult(
@@ -95,12 +108,12 @@ def check_shared_fs(ctx: PreflightContext) -> CheckResult:
             False,
             _one_line(
                 f"checkpoint directory is not shared with the first node: marker {path} on {ctx.host} "
-                f"holds another attempt's token ({shown!r}, expected {ctx.shared_token!r})"
+                f"holds another attempt's id ({shown!r}, expected {marker_id(ctx.shared_token.strip())!r})"
             ),
             data,
         )
     return CheckResult(
-        "shared_fs", True, False, f"marker {path} on {ctx.host} holds this attempt's token", data
+        "shared_fs", True, False, f"marker {path} on {ctx.host} holds this attempt's id", data
     )
 
 
