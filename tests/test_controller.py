@@ -22,6 +22,7 @@ torch_distributed = pytest.importorskip("torch.distributed")
 from clusterctl.exitcodes import ExitCode  # noqa: E402
 from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl.runtime import registration, rendezvous  # noqa: E402
+from clusterctl.runtime.greeting import registration_proof  # noqa: E402
 from clusterctl.runtime.preflight import marker_id  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 
@@ -94,16 +95,18 @@ class Controller:
 
 
 def rank_record(rank: int, **changes: object) -> dict:
+    """A registration as a rank writes it; `token=` one made with another attempt's secret."""
+    token = str(changes.pop("token", TOKEN))
     rec = {
         "rank": rank,
         "world_size": 4,
         "host": HOSTS[rank // 2],
         "pid": 100 + rank,
-        "token": TOKEN,
         "versions": {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None},
         "preflight": [],
     }
     rec.update(changes)
+    rec["proof"] = registration_proof(token, rec["rank"], rec["host"], rec["pid"])  # type: ignore[arg-type]
     return rec
 
 

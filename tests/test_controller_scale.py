@@ -28,6 +28,7 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode  # noqa: E402
 from clusterctl.rundir import rankmanifest  # noqa: E402
 from clusterctl.runtime import collect, filelimit, registration, rendezvous  # noqa: E402
+from clusterctl.runtime.greeting import registration_proof  # noqa: E402
 from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
 
 TOKEN = "scale-token"
@@ -84,7 +85,7 @@ def stop(proc: subprocess.Popen) -> tuple[int, str]:
 def record(rank: int) -> dict:
     return {
         "rank": rank, "world_size": WORLD, "local_rank": rank % GPN, "host": HOSTS[rank // GPN], "pid": 1000 + rank,
-        "token": TOKEN, "gpu": rank % GPN, "cpus": str(rank % GPN), "numa": 0, "nics": ["lo"],
+        "proof": registration_proof(TOKEN, rank, HOSTS[rank // GPN], 1000 + rank), "gpu": rank % GPN, "cpus": str(rank % GPN), "numa": 0, "nics": ["lo"],
         "versions": {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None},
         "preflight": [{"name": "cpu", "ok": True, "skipped": False, "detail": "bound", "data": {"seen": "0"}}],
         "timings": {"started": 1.0 + rank, "torch_imported": 2.0 + rank},
@@ -257,11 +258,11 @@ def test_a_registration_is_judged_from_its_summary_and_kept_whole() -> None:
     plain, row = registration.decode_registration(json.dumps(full, indent=1).encode())  # written as plain JSON: decoded whole
     assert plain == head and json.loads(bytes(row)) == full
     garbled, row = registration.decode_registration(b"\x00not json")
-    assert "token" not in garbled and "undecodable" in json.loads(bytes(row))
+    assert "proof" not in garbled and "undecodable" in json.loads(bytes(row))
     seen: dict = {}
     a = registration.share_values(registration.summary(record(1)), seen)
     b = registration.share_values(registration.summary(record(2)), seen)
-    assert a["versions"] is b["versions"] and a["token"] is b["token"] and a == registration.summary(record(1))
+    assert a["versions"] is b["versions"] and a["host"] is b["host"] and a == registration.summary(record(1))
 
 
 def test_the_verdict_margin_grows_with_the_world() -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.runtime.greeting import registration_proof
 from clusterctl.runtime.preflight import CheckResult, PreflightContext, failed, run_checks, write_shared_marker
 from clusterctl.runtime.preflight import common as preflight_common
 from clusterctl.runtime.preflight import memory as preflight_memory
@@ -779,8 +780,8 @@ def test_lab_site_nics_pass_and_a_missing_nic_fails_with_81() -> None:
     versions = {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None}
     checks = {"node06": [], HOST: [{"name": r.name, "ok": r.ok, "detail": r.detail}]}
     records = {
-        rank: {"rank": rank, "world_size": 2, "host": host, "pid": 100 + rank, "token": "t", "versions": versions,
-               "preflight": checks[host]}
+        rank: {"rank": rank, "world_size": 2, "host": host, "pid": 100 + rank, "versions": versions,
+               "proof": registration_proof("t", rank, host, 100 + rank), "preflight": checks[host]}
         for rank, host in enumerate(["node06", HOST])
     }
     verdict = judge(records, {}, world_size=2, hosts=["node06", HOST], gpus_per_node=1, token="t")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.runtime.admission import judge
+from clusterctl.runtime.greeting import registration_proof
 
 HOSTS = ["n1", "n2"]
 TOKEN = "tok"
@@ -11,16 +12,18 @@ VERSIONS = {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None}
 
 
 def record(rank: int, **changes: object) -> dict:
+    """A registration as a rank writes it; `token=` one made with another attempt's secret."""
+    token = str(changes.pop("token", TOKEN))
     base = {
         "rank": rank,
         "world_size": 4,
         "host": HOSTS[rank // 2],
         "pid": 1000 + rank,
-        "token": TOKEN,
         "versions": dict(VERSIONS),
         "preflight": [{"name": "cpu", "ok": True, "detail": "ok"}],
     }
     base.update(changes)
+    base["proof"] = registration_proof(token, base["rank"], base["host"], base["pid"])  # type: ignore[arg-type]
     return base
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.verdict import Verdict
+from clusterctl.runtime.greeting import registered_here
 from clusterctl.runtime.registration import VERSION_KEYS
 from clusterctl.syntax.cpulist import format_cpulist
 
@@ -55,7 +56,7 @@ def judge(
     # Preflight failures first: they name nodes to exclude.
     preflight: dict[str, list[str]] = defaultdict(list)
     for rank, rec in sorted(records.items()):
-        if rec.get("token") != token:
+        if not registered_here(token, rec):
             continue  # a stale process: reported as such below, its checks say nothing of this attempt
         for check in rec.get("preflight", []):
             if not check.get("ok", True):
@@ -98,9 +99,10 @@ def judge(
 
     for rank, rec in sorted(records.items()):
         host = rec.get("host")
-        if rec.get("token") != token:
+        if not registered_here(token, rec):
             problems.append(
                 f"rank {rank} (pid {rec.get('pid')} on {host}) carries another attempt's token: a stale process"
+                " (or one without this attempt's secret)"
             )
             culprits.append({"rank": rank, "host": host, "reason": "stale attempt"})
         if rec.get("world_size") != world_size:

@@ -1,4 +1,12 @@
-"""The watch connection's greeting: a challenge from the controller, a hello bound to the attempt's secret.
+"""How a process proves it belongs to the attempt without giving away the attempt's secret.
+
+A rank's registration carries `proof`, HMAC-SHA256(token, rank|host|pid),
+never the token: the rendezvous store (torch's TCPStore) lets whoever reaches
+its port read every key, so a token stored there would be anyone's, and a
+registration written by a process without the token is judged a stale or
+forged one.
+
+The watch connection's greeting: a challenge from the controller, a hello bound to the attempt's secret.
 
 The attempt token never crosses the wire. The controller's first line on a
 new connection is a fresh nonce; the aggregator answers with
@@ -35,6 +43,18 @@ def mac(token: str, nonce: str, node: str) -> str:
 def hello(token: str, nonce: str, node: str, pid: int) -> bytes:
     """The aggregator's answer to a challenge: its node, its pid, the MAC (never the token)."""
     return (json.dumps({"kind": HELLO, "node": node, "pid": pid, "mac": mac(token, nonce, node)}) + "\n").encode()
+
+
+def registration_proof(token: str, rank: int, host: str, pid: int) -> str:
+    return hmac.new(token.encode(), f"registration|{rank}|{host}|{pid}".encode(), hashlib.sha256).hexdigest()
+
+
+def registered_here(token: str, record: dict[str, Any]) -> bool:
+    """Whether a registration was written by a process that holds this attempt's token."""
+    proof, rank, host, pid = (record.get(k) for k in ("proof", "rank", "host", "pid"))
+    if not isinstance(proof, str) or not isinstance(rank, int) or not isinstance(pid, int) or not token:
+        return False
+    return hmac.compare_digest(registration_proof(token, rank, str(host), pid), proof)
 
 
 def verify(token: str, nonce: str, msg: dict[str, Any]) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 
 from clusterctl import envnames
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime import heartbeat, stacks, stepwatch
+from clusterctl.runtime import greeting, heartbeat, stacks, stepwatch
 from clusterctl.runtime.preflight import POST_RENDEZVOUS, marker_path
 from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
@@ -123,7 +123,7 @@ def managed(argv: list[str]) -> int:
         "host": info.host,
         "pid": os.getpid(),
         "cwd": os.getcwd(),  # where the user's command runs: the submit directory, in every attempt and continuation
-        "token": info.token,
+        "proof": greeting.registration_proof(info.token, info.rank, info.host, os.getpid()),  # never the token itself
         "attempt": info.attempt,
         "gpu": info.gpu,
         "cpus": format_cpulist(os.sched_getaffinity(0)),

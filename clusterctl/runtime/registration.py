@@ -39,7 +39,7 @@ def error_key(rank: int) -> str:
 
 
 VERSION_KEYS = ("torch", "cuda", "nccl", "hip")
-JUDGED = ("rank", "world_size", "host", "pid", "token", "gpu", "versions")  # what judge() and the end's blame read
+JUDGED = ("rank", "world_size", "host", "pid", "proof", "gpu", "versions")  # what judge() and the end's blame read
 VERDICT_GRACE_S = 30.0  # ranks wait this long past the rendezvous timeout for the controller's verdict ...
 VERDICT_GRACE_PER_RANK_S = 200e-6  # ... plus this per rank: ~10x the controller's measured work per rank (bench/controller_scale.py)
 
@@ -111,11 +111,11 @@ def full_record(raw: bytes) -> bytes | memoryview:
 
 
 def share_values(head: dict[str, Any], seen: dict[Any, Any]) -> dict[str, Any]:
-    """One object for values that most ranks repeat (host, token, versions): less memory at 100,000 ranks.
+    """One object for values that most ranks repeat (host, versions): less memory at 100,000 ranks.
 
     The shared objects are only read (judge, blame), never changed.
     """
-    for key in ("host", "token"):
+    for key in ("host",):  # each rank's proof is its own
         value = head.get(key)
         if isinstance(value, str):
             head[key] = seen.setdefault(value, value)
