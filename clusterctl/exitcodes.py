@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     QUALIFY_FAILED = 4
     BAD_CONFIG = 65
     BACKEND_UNAVAILABLE = 69
+    NO_PERMISSION = 77  # sysexits' EX_NOPERM
     RENDEZVOUS_FAILED = 80
     PREFLIGHT_FAILED = 81
     HANG = 82
@@ -43,6 +44,7 @@ DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
         "backend unavailable (no sbatch, controller unreachable, SSH down)",
         "no",
     ),
+    ExitCode.NO_PERMISSION: ("permission denied: a run or file of another user that is not shared with you (runs_mode)", "no"),
     ExitCode.RENDEZVOUS_FAILED: ("rendezvous failed", "restarts in the allocation once per job, then in a new job; counted"),
     ExitCode.PREFLIGHT_FAILED: (
         "preflight failed (culprit node named)",

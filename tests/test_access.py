@@ -35,6 +35,10 @@ STRANGER, MEMBER, GROUP = "ccstranger", "ccmember", "ccshare"
 WRITE_SHARD = 'echo "rank $RANK"; mkdir -p "$CKPT/step-1" && echo weights > "$CKPT/step-1/shard-$RANK"'
 
 
+def site_packages() -> Path:
+    return Path(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+
+
 def as_user(user: str, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, timeout=60, check=False)
 
@@ -110,8 +114,7 @@ def test_a_group_run_is_readable_by_its_group_and_no_one_else(shared: Path) -> N
     assert denied.returncode != 0  # read-only for the group
     assert as_user(STRANGER, "cat", str(spec)).returncode != 0
     # `clusterctl status` works for the member, with a Python that user can run (Debian's, the checkout's modules).
-    site_packages = Path(sys.prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
-    path = f"{ROOT}:{site_packages}"
+    path = f"{ROOT}:{site_packages()}"
     probe = as_user(MEMBER, "env", f"PYTHONPATH={path}", "/usr/bin/python3", "-c", "import clusterctl.cli")
     if probe.returncode != 0:
         pytest.skip(f"the member cannot run clusterctl from this checkout ({probe.stderr.strip()[-200:]})")
@@ -129,3 +132,74 @@ def test_group_sharing_needs_a_group_this_machine_knows(shared: Path) -> None:
     unknown = cli("submit", str(shared / "job.yaml"), "--set", "runs_group=no-such-group")
     assert unknown.exit_code == ExitCode.BAD_CONFIG and "no-such-group" in unknown.output and "getent group" in unknown.output
     assert not (shared / "runs").exists()  # refused before anything was written
+
+
+STRANGER_SCRIPT = r"""
+import json, socket, sys, time
+host, port, nodes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+seen = {"challenged": 0, "closed": 0, "held": 0}
+for node in nodes:  # a hello for every node, with a guessed secret, then beats, a rank's end, and goodbye
+    conn = socket.create_connection((host, port), timeout=5)
+    line = conn.recv(4096)
+    seen["challenged"] += json.loads(line.split(b"\n")[0])["kind"] == "challenge"
+    forged = [{"kind": "hello", "node": node, "pid": 1, "mac": "0" * 64},
+              {"kind": "batch", "beats": [{"kind": "phase", "rank": 0, "step": 10**6, "phase": "forward"}]},
+              {"kind": "gone", "rank": 0, "pid": 1}]
+    conn.sendall("".join(json.dumps(m) + "\n" for m in forged).encode())
+    try:
+        seen["closed"] += conn.recv(4096) == b""
+    except ConnectionResetError:
+        seen["closed"] += 1
+    conn.close()
+flood = []
+for _ in range(200):  # connections held open without a word
+    try:
+        flood.append(socket.create_connection((host, port), timeout=5))
+    except OSError:
+        pass
+seen["held"] = len(flood)
+time.sleep(2)
+print(json.dumps(seen))
+"""
+
+
+def test_a_stranger_who_finds_the_ports_can_neither_stop_nor_fool_a_running_job(shared: Path) -> None:
+    """The attack measured on a healthy run before these defences: a hello as a node, then hanging up, made the
+    controller call that node lost (86) and move the run to another job. Now: nothing the stranger sends counts."""
+    script = ROOT / "examples" / "own-script" / "train_ddp_contract.py"
+    spec = {"name": "target", "site": "local", "time_limit": "10m", "nodes": 2, "gpus_per_node": 1,
+            "runs_root": str(shared / "runs"), "command": ["python3", str(script)], "env": {"STEPS": "60", "BUSY_S": "0.1"}}
+    (shared / "job.yaml").write_text(json.dumps(spec))
+    run = submit_job(load_job(shared / "job.yaml"), "local").run
+    attempt = run.path / "attempt-1"
+    deadline = time.monotonic() + 120
+    while not (attempt / "metrics.jsonl").is_file():
+        assert time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.3)
+    ports = json.loads((attempt / "controller.json").read_text())
+    hosts = json.loads((attempt / "attempt.json").read_text())["hosts"]
+    (shared / "stranger.py").write_text(STRANGER_SCRIPT)
+    (shared / "stranger.py").chmod(0o644)
+    tried = as_user(STRANGER, "/usr/bin/python3", str(shared / "stranger.py"), "127.0.0.1", str(ports["watch_port"]), ",".join(hosts))
+    assert tried.returncode == 0, tried.stderr
+    seen = json.loads(tried.stdout)
+    assert seen["challenged"] == seen["closed"] == len(hosts) and seen["held"] > 0, seen
+    # The run's files are not the stranger's to read, so its commands cannot even find the run.
+    for command in (["cancel", str(run.path)], ["drill", str(run.path), "--kill", "0"]):
+        denied = as_user(STRANGER, "env", f"PYTHONPATH={ROOT}:{site_packages()}", "HOME=/tmp", "/usr/bin/python3", "-c",
+                         "import sys; from clusterctl.cli import main; sys.argv[0] = 'clusterctl'; main()", *command)
+        assert denied.returncode != 0 and "Traceback" not in denied.stderr and "internal error" not in denied.stderr, denied
+        assert "permission denied" in (denied.stdout + denied.stderr).lower(), denied
+    deadline = time.monotonic() + 180
+    while not any(e.get("event") == history.EVENT_NEXT for e in history.read_events(run.path / "attempts.jsonl")):
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(0.5)
+    events = history.read_events(run.path / "attempts.jsonl")
+    assert [e.get("how") for e in events if e.get("event") == history.EVENT_NEXT] == [history.NEXT_STOP]
+    assert [e.get("exit") for e in events if e.get("event") == history.EVENT_END] == [0]  # trained to the end
+    verdict = json.loads((attempt / "verdict.json").read_text())
+    assert verdict["ok"] is True, verdict
+    timeline = (attempt / "timeline.jsonl").read_text()
+    assert '"node_lost"' not in timeline and "1000000" not in timeline
+    log = next(run.path.glob("slurm-*.out")).read_text()
+    assert log.count("without this attempt's secret") == len(hosts), log

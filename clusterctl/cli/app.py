@@ -77,6 +77,11 @@ class ErrorHandlingGroup(TyperGroup):
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(130) from None
+        except PermissionError as exc:  # another user's run (private, or shared with a group we are not in)
+            where = exc.filename or "a file"
+            report_error(ClusterctlError(f"permission denied: {where} (it belongs to another user and is not shared"
+                                         " with you: see runs_mode)", ExitCode.NO_PERMISSION))
+            raise typer.Exit(int(ExitCode.NO_PERMISSION)) from None
         except Exception as exc:  # noqa: BLE001 - last line of defence
             if isinstance(exc, typer.Abort) or getattr(exc, "exit_code", None) is not None:
                 raise  # the CLI framework's own usage errors and exits
