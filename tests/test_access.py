@@ -203,3 +203,59 @@ def test_a_stranger_who_finds_the_ports_can_neither_stop_nor_fool_a_running_job(
     assert '"node_lost"' not in timeline and "1000000" not in timeline
     log = next(run.path.glob("slurm-*.out")).read_text()
     assert log.count("without this attempt's secret") == len(hosts), log
+
+
+def grep_tree(top: Path, needle: bytes) -> list[str]:
+    """Every file under `top` that holds `needle` (as it is, or base64-encoded as the secrets file holds it)."""
+    import base64
+
+    forms = (needle, base64.b64encode(needle))
+    found = []
+    for path in top.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue
+            if any(form in data for form in forms):
+                found.append(str(path))
+    return found
+
+
+def test_a_secret_reaches_the_ranks_and_no_file_once_the_run_stopped(backend: str, shared: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+    import secrets as random
+
+    value = f"sk-{random.token_hex(12)}"
+    monkeypatch.setenv("MY_API_KEY", value)
+    spec = {"name": "secretive", "site": BACKEND_SITES[backend], "time_limit": "10m", "nodes": 2, "gpus_per_node": 1,
+            "runs_root": str(shared / "runs"), "secret_env": ["MY_API_KEY"],
+            "command": ["bash", "-c", 'echo "rank $RANK key $(printf %s "$MY_API_KEY" | sha256sum | cut -c1-16)"']}
+    (shared / "job.yaml").write_text(json.dumps(spec))
+    run = submit_job(load_job(shared / "job.yaml"), backend).run
+    deadline = time.monotonic() + 120
+    while not any(e.get("how") == history.NEXT_STOP for e in history.read_events(run.path / "attempts.jsonl")):
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(0.3)
+    digest = hashlib.sha256(value.encode()).hexdigest()[:16]
+    logs = "".join(p.read_text() for p in (run.path / "attempt-1" / "logs").glob("node-*.log"))
+    assert logs.count(f"key {digest}") == 2, logs  # both ranks had it
+    assert not (run.path / ".secrets.env").exists()
+    places = [run.path, shared, Path(os.environ["CLUSTERCTL_LOCAL_STATE"])]
+    if backend == "slurm":
+        places.append(Path(os.environ["SLURM_CONF"]).parent)  # slurmctld's state: what sbatch handed it
+    assert [hit for top in places if top.is_dir() for hit in grep_tree(top, value.encode())] == []
+    # Without the value in the environment the job is refused, and nothing is written.
+    monkeypatch.delenv("MY_API_KEY")
+    refused = cli("submit", str(shared / "job.yaml"), "--set", f"runs_root={shared / 'other'}")
+    assert refused.exit_code == ExitCode.BAD_CONFIG and "secret_env" in refused.output and "MY_API_KEY" in refused.output
+    assert not (shared / "other").exists()
+
+
+def test_a_plain_env_entry_that_looks_like_a_secret_is_warned_about(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(json.dumps({"name": "w", "site": "local", "time_limit": "10m", "nodes": 1,
+                                                   "gpus_per_node": 1, "env": {"WANDB_API_KEY": "abc"}, "command": ["true"]}))
+    plan = cli("plan", str(tmp_path / "job.yaml"), "--json")
+    assert plan.exit_code == 0, plan.output
+    assert any("env.WANDB_API_KEY looks like a secret" in w and "secret_env" in w for w in json.loads(plan.stdout)["warnings"])

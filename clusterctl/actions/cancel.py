@@ -16,7 +16,7 @@ from clusterctl.actions.runjobs import Report, active_jobs, backend_of, stop_job
 from clusterctl.backends import Backend
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import CANCEL, RunDir, history, write_json_atomic
+from clusterctl.rundir import CANCEL, RunDir, history, secretenv, write_json_atomic
 from clusterctl.views.state import derive_one
 
 
@@ -31,6 +31,7 @@ def cancel_run(run: RunDir, save: bool, timeout: float, show: Callable[[str], No
     history.append(run, history.EVENT_CANCEL, by=by, save=save)
     report = Report(run.path.name)
     stop_jobs(run, backend, save, timeout, show, report, jobs)
+    secretenv.remove(run.path)  # a job that never started records no stop of its own
     return report
 
 

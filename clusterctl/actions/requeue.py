@@ -9,6 +9,7 @@ cp and ep cut the checkpoint's shards and cannot change.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.plan.job import load_job
 from clusterctl.render.runfiles import node_python
 from clusterctl.render.scripts import render_run
-from clusterctl.rundir import CANCEL, SITE, SPEC, RunDir, history, runjson, write_json_atomic
+from clusterctl.rundir import CANCEL, SITE, SPEC, RunDir, history, runjson, secretenv, write_json_atomic
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.syntax import hostlist
 
@@ -102,6 +103,13 @@ def requeue_run(
         except hostlist.HostlistError as exc:
             raise ConfigError("--exclude", [Problem("--exclude", expr, f"a node name or hostlist ({exc})")]) from None
     report = Report(run.path.name)
+    names = (runjson.read(run.path) or runjson.RunJson()).secret_env
+    held = secretenv.read(run.path)  # a running job's stop below removes them: kept here for the new job
+    lacking = secretenv.missing([n for n in names if n not in held], os.environ)
+    if lacking:
+        raise ConfigError(str(run.path / "spec.yaml"), [Problem("secret_env", ", ".join(lacking), (
+            "expected each name to be set in the environment clusterctl requeue runs in: the stopped run no longer"
+            " holds its secrets"))])
     files: dict[str, str] = {}
     if overrides:
         files, changed = replan(run, overrides)  # refuses before anything is stopped
@@ -119,6 +127,7 @@ def requeue_run(
     report.exclude = list(dict.fromkeys(avoid))
     (run.path / CANCEL).unlink(missing_ok=True)
     options = [f"--exclude={hostlist.compress(report.exclude)}"] if report.exclude else []
+    secretenv.write(run.path, names, {**os.environ, **held})
     submission = backend.submit(run.sbatch, submit_dir(run), options)
     report.submitted = backend.display_id(submission.job_id)
     history.append(run, history.EVENT_REQUEUE, by="clusterctl requeue", next_job=submission.job_id, exclude=report.exclude,

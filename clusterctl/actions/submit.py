@@ -9,16 +9,17 @@ before the job is planned (once): the planner decides which to leave out
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clusterctl.backends import Backend, get_backend
-from clusterctl.errors import ClusterctlError
+from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
 from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.render.runfiles import create_run, runs_root
-from clusterctl.rundir import RunDir, access, roots, suspects
+from clusterctl.rundir import RunDir, access, roots, secretenv, suspects
 from clusterctl.rundir.suspects import Suspect
 
 # Pending reasons that no amount of waiting resolves: the job as asked cannot run here.
@@ -73,12 +74,14 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
     if not dry_run:
         backend.check()  # before anything is written: no sbatch, no run directory
     choice = job.plan.suspects
+    refuse_missing_secrets(job)
     run = create_run(job)
     roots.remember(run.path.parent)  # so that `status RUN` finds it from any directory
     run.write_state(**choice.as_state())
-    if dry_run:
+    if dry_run:  # no secret is taken: `clusterctl requeue` takes them when it submits the run
         run.write_state(state="dry-run", backend=name)
         return Submitted(run, None, name, suspects=choice)
+    secretenv.write(run.path, job.spec.secret_env, os.environ)
     loose = access.loose_root(run.path.parent)
     try:
         done = submit_rendered(run, backend, Path.cwd())
@@ -86,6 +89,14 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
     except ClusterctlError:
         shutil.rmtree(run.path, ignore_errors=True)  # refused or unreachable: no job, so no run to look at
         raise
+
+
+def refuse_missing_secrets(job: PlannedJob | JobConfig) -> None:
+    """A secret_env name with no value here refuses the job before anything is written."""
+    lacking = secretenv.missing(job.spec.secret_env, os.environ)
+    if lacking:
+        raise ConfigError(str(job.spec_path), [Problem("secret_env", ", ".join(lacking), (
+            "expected each name to be set in the environment clusterctl runs in (its value goes to the ranks)"))])
 
 
 def submit_rendered(run: RunDir, backend: Backend, workdir: Path, options: list[str] | None = None) -> Submitted:

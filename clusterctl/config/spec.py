@@ -469,6 +469,12 @@ class JobSpec(Section):
     env: Annotated[dict[EnvName, EnvValue], BeforeValidator(lambda v: v if v is not None else {})] = Field(
         default_factory=dict, description=ENV_DESCRIPTION
     )
+    secret_env: list[EnvName] = Field(
+        default_factory=list,
+        description="environment variables whose values the ranks get from the submitting environment but no file"
+        " keeps (API keys, passwords): taken at submit, kept out of spec.yaml, job.sbatch, the logs and sbatch's"
+        " environment",
+    )
     command: Annotated[
         list[Annotated[ScriptText, Field(min_length=1)]], Field(min_length=1), BeforeValidator(_command)
     ] | None = Field(None, description="what each rank runs: an argv list, or a string split like a shell")
@@ -496,6 +502,9 @@ def _cross_checks(spec: JobSpec) -> list[Problem]:
                 " raise time_limit or lower signal.lead_s",
             )
         )
+    for name in sorted(set(spec.secret_env) & set(spec.env)):
+        problems.append(Problem(f"env.{name}", "(a value)", "a name in secret_env takes its value from the submitting"
+                                " environment: remove it from env"))
     if spec.hybrid_shard_group is not None and spec.sharding != "hybrid_shard":
         problems.append(
             Problem("hybrid_shard_group", spec.hybrid_shard_group, "only allowed with sharding: hybrid_shard")

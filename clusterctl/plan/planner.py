@@ -18,6 +18,7 @@ from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, e
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.suspects import SuspectChoice, choose_suspects, excluding
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
+from clusterctl.rundir import secretenv
 from clusterctl.rundir.suspects import Suspect
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.units import format_duration, parse_duration
@@ -157,6 +158,9 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
     memory = _memory(spec, node_type, layout, batch)
     if memory is not None and not memory.fits:
         warnings.append("the memory estimate does not fit the GPU: see the memory table")
+    for name in secretenv.suspicious(spec.env):
+        warnings.append(f"env.{name} looks like a secret, and env values are written to spec.yaml and job.sbatch:"
+                        f" list {name} in secret_env instead (its value is then taken from the submitting environment)")
     if node_type.nvlink_domain > len(node_type.gpus) and site.topology.kind != "block":
         warnings.append(
             f"NVLink domains span {node_type.nvlink_domain // len(node_type.gpus)} nodes but the site has no block"

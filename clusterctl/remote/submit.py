@@ -9,6 +9,7 @@ a login shell with the ranks' working directory set to the shipped code.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import tempfile
@@ -17,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from clusterctl import rundir
-from clusterctl.actions.submit import default_backend
+from clusterctl.actions.submit import default_backend, refuse_missing_secrets
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job
 from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.remote.client import Remote, connect
 from clusterctl.render.runfiles import stage_run
+from clusterctl.rundir import secretenv
 from clusterctl.rundir.suspects import Suspect
 
 
@@ -82,6 +84,7 @@ def submit_remote(config: JobConfig, remote: str, command: str | None, transport
             raise ClusterctlError(f"--code-on-cluster {code_on_cluster}: no such directory on {link.host}", ExitCode.USAGE)
         rows = (link.facts.get("suspects") or {}).get(raw_root, [])
         job = plan_job(config, remote_suspects(rows, config, time.time()))
+        refuse_missing_secrets(job)  # taken here, where the user typed the command; they travel in the SSH stream
         run_id = rundir.new_run_id(job.spec.name)
         final = PurePosixPath(root) / run_id
         workdir = code_on_cluster or str(final / rundir.CODE_TREE)
@@ -90,6 +93,8 @@ def submit_remote(config: JobConfig, remote: str, command: str | None, transport
             staged = stage_run(job, Path(final), Path(stage), python, None if code_on_cluster else (code or job.spec_path.parent))
             if dry_run:
                 staged.write_state(state="dry-run", backend=backend_name or default_backend(job))
+            else:
+                secretenv.write(staged.path, job.spec.secret_env, os.environ)
             link.transport.upload_tree(staged.path, root, run_id)
         if dry_run:
             return RemoteSubmission(link, str(final), None, None, backend_name or default_backend(job), [], job, workdir)

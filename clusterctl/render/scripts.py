@@ -25,7 +25,7 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan import Plan
 from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
-from clusterctl.rundir import attemptjson
+from clusterctl.rundir import attemptjson, secretenv
 from clusterctl.rundir.access import GROUP, Access
 from clusterctl.rundir.runjson import (
     BatchRecord,
@@ -180,6 +180,7 @@ def render_run(
         "signal_lead": spec.signal.lead_s,
         "batch_log": f"{run_dir}/{rundir.BATCH_LOG.format(job='%j')}",
         "umask": f"{access.umask:04o}",
+        "secrets_file": str(run_dir / secretenv.FILE),
         "run_dir": str(run_dir),
         "wrapper": str(run_dir / rundir.WRAPPER),
         "port_range": port_range,
@@ -232,7 +233,7 @@ def render_run(
         where = getattr(exc, "filename", None) or getattr(exc, "name", None) or "template"
         raise ConfigError("templates", [Problem("templates", str(where), f"expected a template that renders ({exc})")]) from None
     run_json = replace(build_run_json(plan, run_id, table, argv, port_range, standalone),
-                       runs_mode=access.mode, runs_group=access.group)
+                       runs_mode=access.mode, runs_group=access.group, secret_env=tuple(spec.secret_env))
     return Rendered(
         files={
             rundir.SBATCH: sbatch,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.exitcodes import meaning
-from clusterctl.rundir import attemptjson, jobid, layout, runjson
+from clusterctl.rundir import attemptjson, jobid, layout, runjson, secretenv
 from clusterctl.rundir.jsonio import read_json
 
 EVENT_START = "start"
@@ -87,6 +87,8 @@ def append(run: layout.RunDir, event: str, **fields: Any) -> dict[str, Any]:
         os.write(fd, data)
     finally:
         os.close(fd)
+    if event == EVENT_NEXT and fields.get("how") == NEXT_STOP:
+        secretenv.remove(run.path)  # every stop is recorded here: a run that stopped keeps no secret on disk
     return record
 
 

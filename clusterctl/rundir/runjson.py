@@ -145,6 +145,7 @@ class RunJson:
     restart: RestartRecord = RestartRecord()
     watchdog: WatchdogRecord = WatchdogRecord()
     preflight: PreflightRecord = PreflightRecord()
+    secret_env: tuple[str, ...] = ()  # the names of the spec's secret_env (their values are never here)
     runs_mode: str = "private"  # who may read the run: private (its owner) or group (runs_group too): rundir/access.py
     runs_group: str | None = None  # the group a `group` run is shared with
     exit_codes: dict[str, int] = field(default_factory=dict)  # clusterctl's exit codes by name, for the batch script

@@ -136,7 +136,7 @@ def managed(argv: list[str]) -> int:
     if info.local_rank == 0:  # the node's environment, once per node: manifest.json stays small at any scale
         from clusterctl.runtime.rankinfo import driver_version, recorded_env
 
-        record["env"] = recorded_env()
+        record["env"] = recorded_env(secret=info.run.secret_env)
         record["driver"] = driver_version()
     timeout_s = float(info.run.rendezvous.timeout_s)
     try:

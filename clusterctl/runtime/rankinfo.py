@@ -11,10 +11,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from clusterctl import envnames
-from clusterctl.rundir import runjson
+from clusterctl.rundir import runjson, secretenv
 from clusterctl.rundir.runjson import RunJson
 
 
@@ -78,19 +78,20 @@ RECORDED_ENV_PREFIXES = (
     "NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "UCX_", "CLUSTERCTL_", "NVIDIA_", "HIP_", "ROCR_", "RCCL_", "ENROOT_", "PYXIS_",
 )
 RECORDED_ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 RECORDED_VALUE_MAX = 1000  # characters: keeps manifest.json small with one record per node
 
 
-def recorded_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The rank's NCCL/CUDA/TORCH/UCX/thread settings, for the run record: compact, token removed."""
+def recorded_env(env: Mapping[str, str] | None = None, secret: Sequence[str] = ()) -> dict[str, str]:
+    """The rank's NCCL/CUDA/TORCH/UCX/thread settings, for the run record: compact; the token, the spec's
+    secret_env and any name that looks like a secret removed."""
     env = os.environ if env is None else env
     return {
         name: value[:RECORDED_VALUE_MAX]
         for name, value in sorted(env.items())
         if (name.startswith(RECORDED_ENV_PREFIXES) or name in RECORDED_ENV_NAMES)
         and name != envnames.TOKEN
-        and not any(word in name for word in SECRET_WORDS)
+        and name not in secret
+        and not secretenv.LOOKS_SECRET.search(name)
     }
 
 

@@ -30,7 +30,7 @@ from clusterctl.backends.local.control import ControlError, cancel_job, find, si
 from clusterctl.backends.local.records import JobRecord, SubmitError, state_root, submit
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import jobid
+from clusterctl.rundir import jobid, secretenv
 from clusterctl.rundir.access import umask_of_run
 from clusterctl.syntax.hostlist import compress
 
@@ -81,7 +81,8 @@ class LocalBackend(Backend):
 
     def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
         try:
-            job_id = submit(script, workdir, options=list(options or []), env=self._env(), python=sys.executable,
+            job_id = submit(script, workdir, options=list(options or []), env=secretenv.submission_env(script.parent, self._env()),
+                            python=sys.executable,
                             umask=umask_of_run(script.parent))
         except SubmitError as exc:
             raise ClusterctlError(f"the local backend rejected the job: {exc}", ExitCode.BAD_CONFIG) from None

@@ -20,6 +20,7 @@ from clusterctl.backends.slurm.commands import UNREACHABLE, failure_code, run, s
 from clusterctl.backends.slurm.query import SchedulerQuery
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import secretenv
 from clusterctl.rundir.access import umask_of_run
 
 __all__ = ["UNREACHABLE", "SlurmBackend", "parse_scontrol_job", "slurm_reason"]
@@ -44,7 +45,8 @@ class SlurmBackend(Backend):
                 run([tool])  # raises the clear message
 
     def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
-        out = run(["sbatch", "--parsable", *(options or []), str(script)], cwd=workdir, umask=umask_of_run(script.parent))
+        out = run(["sbatch", "--parsable", *(options or []), str(script)], cwd=workdir, umask=umask_of_run(script.parent),
+                  env=secretenv.submission_env(script.parent))
         if out.returncode != 0:
             if failure_code(out.stderr) == ExitCode.BACKEND_UNAVAILABLE:
                 raise ClusterctlError(f"cannot reach slurmctld, nothing was submitted: {slurm_reason(out.stderr)}",

@@ -23,7 +23,8 @@ UNREACHABLE = re.compile(
 )
 
 
-def run(args: list[str], cwd: Path | None = None, umask: int | None = None) -> subprocess.CompletedProcess[str]:
+def run(args: list[str], cwd: Path | None = None, umask: int | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one Slurm client command; raise exit 69 when it is missing or does not answer in time. `umask`: the
     command's (sbatch hands its umask to the job: Slurm creates the job's output file with it)."""
     if shutil.which(args[0]) is None:
@@ -34,7 +35,7 @@ def run(args: list[str], cwd: Path | None = None, umask: int | None = None) -> s
         )
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=cwd, check=False,
-                              umask=-1 if umask is None else umask)
+                              umask=-1 if umask is None else umask, env=env)
     except subprocess.TimeoutExpired:
         raise ClusterctlError(
             f"{args[0]} did not answer within {TIMEOUT_S} s: the Slurm controller is unreachable or overloaded",
