@@ -178,3 +178,23 @@ def test_garbage_after_a_valid_hello_is_ignored_and_the_server_stays_up(srv: Ser
     assert srv.server.wait_until(lambda: srv.watchdog.ranks[0].step == 9, 5)
     assert srv.server._thread.is_alive()
     conn.sendall(b'{"kind": "bye"}\n')
+
+
+def test_the_aggregator_drops_malformed_datagrams_and_keeps_the_good_ones(tmp_path: Path) -> None:
+    from clusterctl.runtime.aggregator import Aggregator
+
+    agg = Aggregator("n1", TOKEN, ("127.0.0.1", 1), str(tmp_path / "agg.sock"), None)
+    inbound = agg.open_socket()
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        for junk in (b"", b"\x00\xff", b"[1]", b"null", b"{}", b'{"rank": "x"}', b'{"rank": 0, "pid": "y"}',
+                     b'{"rank": -4, "kind": "step"}', b'{"rank": {}}', b"{" * 10_000, b"9" * 60_000):
+            sender.sendto(junk, str(tmp_path / "agg.sock"))
+        good = {"kind": "step", "rank": 0, "step": 4, "phase": "idle", "pid": os.getpid()}
+        sender.sendto(json.dumps(good).encode(), str(tmp_path / "agg.sock"))
+        agg.receive(inbound)
+    finally:
+        sender.close()
+        inbound.close()
+    assert [(m["rank"], m["step"]) for m in agg.pending] == [(0, 4)]
+    assert agg.pids == {0: os.getpid()}

@@ -175,15 +175,18 @@ class Aggregator:
                 data = inbound.recv(65536)
             except (BlockingIOError, InterruptedError):
                 return
-            try:
+            try:  # the socket is the job owner's (0700): a malformed datagram is a bug of theirs, dropped
                 msg = json.loads(data)
                 rank = int(msg["rank"])
-            except (ValueError, KeyError, TypeError):
+                pid = int(msg.get("pid") or 0)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if rank < 0 or pid < 0:
                 continue
             msg["node"] = self.node
             msg["received"] = time.time()
-            if msg.get("pid") and rank not in self.pids:
-                self.watch(rank, int(msg["pid"]))
+            if pid and rank not in self.pids:
+                self.watch(rank, pid)
             if msg.get("kind") == "alive":
                 self.alive[rank] = msg
             else:
