@@ -171,9 +171,9 @@ class WatchServer:
         except (KeyError, ValueError):
             pass
         self.conns.pop(conn, None)
-        conn.close()
         if why:
-            self.log(f"turned away a connection: {why}")
+            self.log(f"turned away a connection: {why}")  # before the close, which the peer sees at once
+        conn.close()
 
     def _accept(self) -> None:
         try:
