@@ -61,15 +61,6 @@ def remove(run_path: Path) -> None:
         pass
 
 
-def present(run_path: Path) -> bool:
-    return (Path(run_path) / FILE).is_file()
-
-
-def without(environ: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
-    """The environment a submission runs with: the secrets' names left out (sbatch would keep their values)."""
-    return {k: v for k, v in environ.items() if k not in set(names)}
-
-
 def submission_env(script_dir: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment to run sbatch with for the batch script in `script_dir`: without the run's secret names
     (a script outside a run directory: the environment as it is)."""
@@ -78,7 +69,8 @@ def submission_env(script_dir: Path, environ: Mapping[str, str] | None = None) -
     environ = os.environ if environ is None else environ
     if not (Path(script_dir) / layout.RUN_JSON).is_file():
         return dict(environ)
-    return without(environ, runjson.load(script_dir).secret_env)
+    names = set(runjson.load(script_dir).secret_env)
+    return {k: v for k, v in environ.items() if k not in names}
 
 
 def suspicious(env: Mapping[str, str]) -> list[str]:
