@@ -12,7 +12,7 @@ Three places apply it, all from this module:
 - `apply` on the run directory as submit assembles it (the files submit writes);
 - the batch script's `umask` (`Access.umask`), set before it creates anything,
   so attempt directories, logs, metrics and checkpoints follow;
-- the umask sbatch runs with (`umask_of_run`): Slurm creates the job's output
+- the umask sbatch runs with (`submission`): Slurm creates the job's output
   file with the submitting umask.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import grp
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,10 +76,17 @@ def of_run(run_path: Path) -> Access | None:
     return Access(record.runs_mode, record.runs_group)
 
 
-def umask_of_run(run_path: Path) -> int | None:
-    """The umask a submission of this run directory's batch script runs with; None for a script outside a run."""
-    access = of_run(run_path)
-    return access.umask if access else None
+def submission(script_dir: Path, environ: Mapping[str, str]) -> tuple[int | None, dict[str, str]]:
+    """How sbatch is run for the batch script in `script_dir`: with the run's umask (Slurm creates the job's output
+    file with it) and `environ` without the run's secret_env names (slurmctld keeps what sbatch hands it), from one
+    read of run.json. A script outside a run directory: the caller's umask (None) and `environ` as it is."""
+    from clusterctl.rundir import layout, runjson
+
+    if not (script_dir / layout.RUN_JSON).is_file():
+        return None, dict(environ)
+    record = runjson.load(script_dir)
+    secret = set(record.secret_env)
+    return Access(record.runs_mode, record.runs_group).umask, {k: v for k, v in environ.items() if k not in secret}
 
 
 def loose_root(root: Path) -> str | None:

@@ -10,7 +10,7 @@ the start of every job of the run and exported to the ranks' environment.
 They never reach spec.yaml, job.sbatch, run.json (names only), the run
 record, the report or the logs clusterctl writes, and never sbatch's
 environment, which slurmctld keeps in its state directory: the names are
-removed from the environment sbatch runs with. The file is removed when the
+removed from the environment sbatch runs with (access.submission). The file is removed when the
 run stops (the recovery step's `stop`, `clusterctl cancel`); with `--remote`
 it travels inside the SSH stream with the rest of the run directory.
 """
@@ -59,18 +59,6 @@ def remove(run_path: Path) -> None:
         os.unlink(Path(run_path) / FILE)
     except FileNotFoundError:
         pass
-
-
-def submission_env(script_dir: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment to run sbatch with for the batch script in `script_dir`: without the run's secret names
-    (a script outside a run directory: the environment as it is)."""
-    from clusterctl.rundir import layout, runjson
-
-    environ = os.environ if environ is None else environ
-    if not (Path(script_dir) / layout.RUN_JSON).is_file():
-        return dict(environ)
-    names = set(runjson.load(script_dir).secret_env)
-    return {k: v for k, v in environ.items() if k not in names}
 
 
 def suspicious(env: Mapping[str, str]) -> list[str]:

@@ -30,8 +30,7 @@ from clusterctl.backends.local.control import ControlError, cancel_job, find, si
 from clusterctl.backends.local.records import JobRecord, SubmitError, state_root, submit
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import jobid, secretenv
-from clusterctl.rundir.access import umask_of_run
+from clusterctl.rundir import access, jobid
 from clusterctl.syntax.hostlist import compress
 
 
@@ -81,9 +80,10 @@ class LocalBackend(Backend):
 
     def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
         try:
-            job_id = submit(script, workdir, options=list(options or []), env=secretenv.submission_env(script.parent, self._env()),
+            umask, env = access.submission(script.parent, self._env())
+            job_id = submit(script, workdir, options=list(options or []), env=env,
                             python=sys.executable,
-                            umask=umask_of_run(script.parent))
+                            umask=umask)
         except SubmitError as exc:
             raise ClusterctlError(f"the local backend rejected the job: {exc}", ExitCode.BAD_CONFIG) from None
         return Submission(job_id=str(job_id), backend=self.name)

@@ -9,6 +9,7 @@ timeout: a hung slurmctld must not hang the user.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +21,7 @@ from clusterctl.backends.slurm.commands import UNREACHABLE, failure_code, run, s
 from clusterctl.backends.slurm.query import SchedulerQuery
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import secretenv
-from clusterctl.rundir.access import umask_of_run
+from clusterctl.rundir import access
 
 __all__ = ["UNREACHABLE", "SlurmBackend", "parse_scontrol_job", "slurm_reason"]
 
@@ -45,8 +45,8 @@ class SlurmBackend(Backend):
                 run([tool])  # raises the clear message
 
     def submit(self, script: Path, workdir: Path, options: list[str] | None = None) -> Submission:
-        out = run(["sbatch", "--parsable", *(options or []), str(script)], cwd=workdir, umask=umask_of_run(script.parent),
-                  env=secretenv.submission_env(script.parent))
+        umask, env = access.submission(script.parent, os.environ)
+        out = run(["sbatch", "--parsable", *(options or []), str(script)], cwd=workdir, umask=umask, env=env)
         if out.returncode != 0:
             if failure_code(out.stderr) == ExitCode.BACKEND_UNAVAILABLE:
                 raise ClusterctlError(f"cannot reach slurmctld, nothing was submitted: {slurm_reason(out.stderr)}",
