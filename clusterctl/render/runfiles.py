@@ -104,7 +104,7 @@ def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None 
         raise ConfigError(str(job.spec_path), [Problem(field, str(job.spec.runs_root or job.site.runs_root), (
             f"a directory whose parent exists: {root.parent} does not (create it, or set runs_root to another place)"))])
     record = json.loads(files[rundir.RUN_JSON])
-    run_access = access.Access(record["runs_mode"], record["runs_group"])
+    run_access = _access(files)
     # A new runs root, and a new checkpoint directory outside the run, are as private as the run (and a shared
     # one has the group, setgid, for what the job writes in it); existing ones are never changed.
     ckpt = Path(record["checkpoint"]["dir"]) if record["checkpoint"].get("dir") else None
@@ -125,6 +125,12 @@ def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None 
     return RunDir(final)
 
 
+def _access(files: dict[str, str]) -> access.Access:
+    """Who may read the run, as its rendered run.json says."""
+    record = json.loads(files[rundir.RUN_JSON])
+    return access.Access(record["runs_mode"], record["runs_group"])
+
+
 def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path, ship_from: Path | None) -> None:
     """A new run directory's contents, written at `target` for its place `final`."""
     target.mkdir(parents=True)
@@ -135,7 +141,7 @@ def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path,
     if ship_from is not None:
         ship_tree(target / rundir.CODE_TREE, ship_from)
     RunDir(target).write_state(state="rendered", run_id=final.name)
-    access.of_run(target).apply(target)  # type: ignore[union-attr] - run.json was just written
+    _access(files).apply(target)
 
 
 def stage_run(job: PlannedJob, final: Path, stage: Path, python: str, ship_from: Path | None) -> RunDir:
