@@ -303,7 +303,8 @@ def test_an_attempts_marker_lives_as_long_as_its_controller_and_stale_ones_go(tm
 
 
 def test_the_store_port_listens_before_the_store_starts() -> None:
-    """Ranks that start before the controller has imported torch queue in the backlog, not retry."""
+    """Ranks that start before the controller has imported torch queue in the backlog, not retry; on the rendezvous
+    address only, when the host has it."""
     import socket
 
     from clusterctl.runtime.controller import reserve_port
@@ -316,6 +317,22 @@ def test_the_store_port_listens_before_the_store_starts() -> None:
         assert listener.family == socket.AF_INET  # IPv4 peers are found in /etc/hosts; mapped IPv6 ones go to DNS
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass
+    finally:
+        listener.close()
+    # Only the rendezvous address: another address of this host (127.0.0.2 is loopback too) is refused.
+    listener, port = reserve_port(first, (first, first + 10), address="127.0.0.1")
+    try:
+        assert listener.getsockname()[0] == "127.0.0.1"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", port), timeout=5)
+    finally:
+        listener.close()
+    # An address this host does not have (192.0.2.1 is for documentation): every address, as before.
+    listener, port = reserve_port(first, (first, first + 10), address="192.0.2.1")
+    try:
+        assert listener.getsockname()[0] == "0.0.0.0"
     finally:
         listener.close()
     if socket.has_ipv6:  # an IPv6 site: dual stack, so IPv4 clients still reach it

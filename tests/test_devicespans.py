@@ -86,9 +86,9 @@ def test_the_step_watch_reports_the_device_compute_once_the_device_has_it(tmp_pa
     for _ in range(3):
         watch.start()
         stream.run(0.2)
-        watch.on_bucket_sent(last=True)  # DDP hands the backward's last bucket over ...
+        watch.on_grad_ready(7)  # the backward's last gradient: DDP hands its last bucket over ...
         stream.run(0.4)  # ... the stream waits for the peer's all-reduce (the host does not)
-        watch.device.wait_end()  # the backward returned
+        watch.on_backward_end()
         reports.append(watch.step_done())
         stream.done = stream.tail
     first, *later = reports

@@ -36,6 +36,7 @@ ranks stored (clusterctl/rundir/rankmanifest.py).
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import json
 import os
@@ -92,7 +93,8 @@ def log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} clusterctl controller: {message}", flush=True)
 
 
-def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "ipv4") -> tuple[socket.socket, int]:
+def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "ipv4",
+                 address: str = "") -> tuple[socket.socket, int]:
     """A listening socket on `port` or the next free port in the range (standard library: fast).
 
     The batch script waits only for this, so srun starts while the controller
@@ -103,11 +105,17 @@ def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "
     IPv4-mapped IPv6 peer address is never in /etc/hosts, so each lookup went
     to DNS; one dropped query stalls the whole store for the resolver's 5 s.
     On an IPv6 site (network.address_family) it is a dual-stack IPv6 socket.
+
+    It listens on `address` only, the rendezvous address the ranks are given
+    (MASTER_ADDR): the store has no authentication, so an interface the site
+    did not name for the rendezvous (a login or management network) must not
+    reach it. An address this host does not have (a site table that names a
+    NAT address, say) falls back to every address, with a warning; "" is
+    every address.
     """
     lo, hi = port_range
     last: OSError | None = None
-    families = (socket.AF_INET6, socket.AF_INET) if address_family == "ipv6" else (socket.AF_INET, socket.AF_INET6)
-    for family in families:
+    for family, host in _bind_targets(address, address_family):
         for i in range(BIND_TRIES):
             candidate = lo + (port - lo + i) % (hi - lo + 1)
             try:
@@ -117,20 +125,42 @@ def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "
                 break
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is not "taken"
-                if family == socket.AF_INET6:
+                if family == socket.AF_INET6 and not host:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                sock.bind(("", candidate))
+                sock.bind((host, candidate))
                 sock.listen(listen_backlog())
                 return sock, candidate
             except OSError as exc:
                 sock.close()
                 last = exc
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    log(f"cannot listen on {host} (not an address of this host): listening on every address")
+                    break
     raise RuntimeError(f"no free port among {BIND_TRIES} tried from {port} in {lo}-{hi}: {last}")
 
 
+def _bind_targets(address: str, address_family: str) -> list[tuple[socket.AddressFamily, str]]:
+    """Where to try listening: the rendezvous address (its own family), then every address of each family."""
+    families = [socket.AF_INET6, socket.AF_INET] if address_family == "ipv6" else [socket.AF_INET, socket.AF_INET6]
+    targets: list[tuple[socket.AddressFamily, str]] = []
+    if address:
+        try:
+            found = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log(f"cannot resolve the rendezvous address {address} ({exc}): listening on every address")
+        else:
+            family, sockaddr = found[0][0], found[0][4]
+            targets.append((family, str(sockaddr[0])))
+            families = [family]  # the wildcard fallback stays in the address's family: the ranks connect to it
+    return targets + [(family, "") for family in families]
+
+
 def local_host(listener: socket.socket) -> str:
-    """Where this process's own clients reach the store."""
-    return "127.0.0.1" if listener.family == socket.AF_INET else "::1"
+    """Where this process's own clients reach a socket it listens on: its address, loopback for the wildcard."""
+    host = str(listener.getsockname()[0])
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1" if listener.family == socket.AF_INET else "::1"
+    return host
 
 
 def host_store(listener: socket.socket, world: int, timeout_s: float):  # noqa: ANN201 - torch type
@@ -152,8 +182,9 @@ def host_store(listener: socket.socket, world: int, timeout_s: float):  # noqa: 
 
 
 class Controller:
-    def __init__(self, attempt_dir: Path, port: int) -> None:
+    def __init__(self, attempt_dir: Path, port: int, address: str = "") -> None:
         self.attempt_dir = attempt_dir
+        self.address = address  # the rendezvous address (MASTER_ADDR): the only one listened on
         self.run_dir = attempt_dir.parent
         self.run = runjson.load(self.run_dir)
         self.hosts = rundir.read_hosts(attempt_dir)
@@ -178,14 +209,14 @@ class Controller:
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
         self.check_file_limit()
-        listener, port = reserve_port(self.first_port, self.port_range, self.run.rendezvous.address_family)
+        listener, port = reserve_port(self.first_port, self.port_range, self.run.rendezvous.address_family, self.address)
         checkpoint_dir = str(self.run.checkpoint_dir(self.run_dir))
         if "shared_fs" in self.run.preflight.checks:
             try:
                 self.marker = write_shared_marker(checkpoint_dir, self.token, self.earlier_markers(checkpoint_dir))
             except OSError as exc:
                 log(f"cannot write the shared-filesystem marker in {checkpoint_dir}: {exc}")
-        self.watch = self.start_watch(listener.family)
+        self.watch = self.start_watch(listener)
         write_json_atomic(
             self.attempt_dir / READY,
             {
@@ -212,12 +243,13 @@ class Controller:
             self.refused = self.keeper.give(
                 filelimit.refusal(limit, self.world, len(self.hosts), os.environ.get("SLURMD_NODENAME", "")))
 
-    def start_watch(self, family: socket.AddressFamily) -> WatchServer:
-        """The heartbeat path's end: a port of its own (any free one) for the node aggregators."""
+    def start_watch(self, store: socket.socket) -> WatchServer:
+        """The heartbeat path's end: a port of its own (any free one) for the node aggregators, on the store's address."""
+        family, host = store.family, str(store.getsockname()[0])
         sock = socket.socket(family, socket.SOCK_STREAM)
-        if family == socket.AF_INET6:
+        if family == socket.AF_INET6 and host == "::":
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         sock.listen(listen_backlog())
         watchdog = Watchdog(self.world, self.hosts, self.gpn, self.run.watchdog)
         server = WatchServer(sock, self.token, watchdog, self.attempt_dir / rundir.TIMELINE, self.on_finding, log)
@@ -495,8 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusterctl.runtime.controller")
     parser.add_argument("--attempt-dir", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True, help="first port to try (the job's hashed port)")
+    parser.add_argument("--address", default="", help="the rendezvous address (MASTER_ADDR), the only one listened on")
     args = parser.parse_args(argv)
-    controller = Controller(args.attempt_dir, args.port)
+    controller = Controller(args.attempt_dir, args.port, args.address)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: controller.stop_from_outside())
     signal.signal(signal.SIGHUP, lambda *_: controller.done.set())  # the batch script: srun ended, the ranks are done

@@ -14,8 +14,8 @@ stream makes for a collective, give
     compute = (end - start) - sum(after wait - before wait)
 
 where a wait is a `Work.wait()` of the training thread, and for DDP the
-stretch from the backward's last gradient bucket being handed over to the
-backward's return (the all-reduce of that bucket, plus the wait for the
+stretch from the backward's last gradient being ready (DDP hands its last
+bucket over then) to the backward's return (the all-reduce of that bucket, plus the wait for the
 slowest peer). A host that blocks (a gloo collective, a barrier) leaves the
 stream idle between the two events too, so that wait is left out as well;
 host time with the stream idle outside any wait (data loading, Python)
@@ -62,7 +62,7 @@ class DeviceSpans:
             self._start, self._waits, self._open = self._mark(), [], None
 
     def wait_begin(self) -> None:
-        """The stream is about to wait for a collective (or, for DDP, its last bucket was just handed over)."""
+        """The stream is about to wait for a collective (or, for DDP, the backward's last gradient is ready)."""
         with self._lock:
             if self._start is not None:
                 self._release(self._open)

@@ -14,16 +14,22 @@ clusterctl is watched as the reference trainer is:
 * Step time is the wall time between two steps. Compute time is the step
   time minus the time the rank waited for its peers in collectives: every
   `Work.wait()` (each blocking torch.distributed collective, and every
-  asynchronous one FSDP2 waits for) and, for DDP, the gradient all-reduce
-  after the last bucket of the backward was handed over (a communication hook
-  that times the one the script uses, or the default all-reduce). So a rank
+  asynchronous one FSDP2 waits for) and, for DDP, the gradient all-reduce's
+  tail: from the moment the backward's last gradient was ready (DDP hands
+  its last bucket over then) to the backward's return (DDP has every
+  bucket's all-reduce back then). That needs no communication hook: nothing
+  of clusterctl runs on torch's communication threads, where a Python
+  callback left behind at the script's exit aborts the process ("terminate
+  called without an active exception", when the thread wants the GIL of an
+  interpreter that is shutting down), and the script's own hook, even a C++
+  one, is timed as it is. So a rank
   that waits for a slow peer does not look slow itself, and work outside any
   module counts. On sites with `oversubscribe: true` the step's clock leaves
   out the time the rank waited for a CPU (runtime/computeclock.py). Once the
   process uses CUDA, the same spans are measured on the GPU's stream instead
   (runtime/devicespans.py): under NCCL the stream waits, not the host.
 * Phases: `forward` when a DDP model is called, `backward` when its first
-  gradient bucket is reduced, `collective` while waiting in a collective,
+  gradient is ready, `collective` while waiting in a collective,
   `optimizer`, then `idle`. They are noted, not sent: the liveness beat
   (each second) carries the phase, so a rank stuck in one is seen within a
   second or two, and a collective costs no message.
@@ -48,7 +54,7 @@ import functools
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from clusterctl.rundir import layout
 from clusterctl.rundir.metrics import MetricsWriter
@@ -79,9 +85,9 @@ class StepWatch:
         self._pending: dict[str, Any] | None = None  # the last step's line, written when the next one ends
         self.train_s = 0.0
         self.own_s = 0.0  # time spent in this module's code (measured: the overhead the bench reports)
-        self._bucket_last: float | None = None  # DDP: when the backward's last bucket was handed over
-        self._bucket_done = 0.0
-        self._inflight = 0
+        self._grad_ready: float | None = None  # DDP: when the backward's latest gradient was ready
+        self._grad_param = 0  # ... and whose it was
+        self._last_grad: int | None = None  # the parameter whose gradient came last in the previous backward
         self.device: devicespans.DeviceSpans | None = None  # the spans on the GPU, once the process uses CUDA
 
     # --- the step's clock ----------------------------------------------------
@@ -188,27 +194,26 @@ class StepWatch:
         self.own_s += time.perf_counter() - entered
         self.step_done(number)
 
-    def on_bucket_sent(self, last: bool) -> None:
+    def on_grad_ready(self, param: int) -> None:
+        """A DDP parameter's gradient is ready (the backward's thread): DDP hands its bucket over now."""
         entered = time.perf_counter()
-        with self._lock:
-            self._inflight += 1
-            if last:
-                self._bucket_last = entered
-        if last and self.device is not None:
-            self.device.wait_begin()  # until the backward returns: the last bucket's all-reduce, and the slowest peer
+        self._grad_ready, self._grad_param = entered, param
         self.beat.phase_name = "backward"
+        if self.device is not None and self._last_grad in (None, param):
+            self.device.wait_begin()  # the backward's last gradient (the previous one's): the stream waits from here
         self.own_s += time.perf_counter() - entered
 
-    def on_bucket_reduced(self) -> None:
-        """A bucket's all-reduce finished (a communication thread): once all have, the wait after the last is known."""
+    def on_backward_end(self) -> None:
+        """The backward returned: DDP has waited there for every bucket's all-reduce, so for the slowest peer."""
+        ready, self._grad_ready = self._grad_ready, None
+        if ready is None:
+            return  # no DDP gradient in this backward
         now = time.perf_counter()
-        with self._lock:
-            self._inflight -= 1
-            self._bucket_done = max(self._bucket_done, now)
-            if self._inflight == 0 and self._bucket_last is not None:
-                self._waited += max(0.0, self._bucket_done - self._bucket_last)
-                self._bucket_last, self._bucket_done = None, 0.0
-            self.own_s += time.perf_counter() - now
+        self.waited(now - ready)
+        self._last_grad = self._grad_param
+        if self.device is not None and self.device.waiting:
+            self.device.wait_end()
+        self.own_s += time.perf_counter() - now
 
 
 def plain(value: Any) -> Any:
@@ -314,56 +319,32 @@ def _hook_waits(watch: StepWatch) -> None:
     work.wait = wait
 
 
-_ORIGINAL: dict[str, Any] = {}  # DDP's own methods, before _hook_ddp wrapped them
-
-
-def _timed(watch: StepWatch, hook: Callable[..., Any]) -> Callable[..., Any]:
-    """A DDP communication hook that tells the watch when each bucket went and when its reduction came back."""
-
-    @functools.wraps(hook)
-    def hooked(state: Any, bucket: Any) -> Any:
-        watch.on_bucket_sent(bucket.is_last())
-
-        def reduced(fut: Any) -> Any:
-            watch.on_bucket_reduced()
-            return fut.value()
-
-        return hook(state, bucket).then(reduced)
-
-    return hooked
+def _grad_ready(param: Any) -> None:
+    """A watched DDP parameter's post-accumulate-grad hook."""
+    watch = _WATCH
+    if watch is not None:
+        watch.on_grad_ready(id(param))
 
 
 def _on_forward(module: Any, args: Any) -> None:  # noqa: ARG001
-    """A DDP model's forward: the phase, and before its first backward the timed default hook if it has none."""
+    """A DDP model's forward: the phase, and before its first backward a hook on each of its parameters."""
     watch = _WATCH
     if watch is None:
         return
     watch.note("forward")
-    if getattr(module, "_clusterctl_hooked", False):
+    if getattr(module, "_clusterctl_grads", False):
         return
-    module._clusterctl_hooked = True
-    if not module._comm_hooks and not getattr(module, "_clusterctl_builtin_hook", False):
-        import torch.distributed as dist
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        _ORIGINAL["register_comm_hook"](module, module.process_group or dist.group.WORLD, _timed(watch, allreduce_hook))
+    module._clusterctl_grads = True
+    for param in module.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(_grad_ready)
 
 
 def _hook_ddp(watch: StepWatch) -> None:
-    """DDP: time the gradient all-reduce through a communication hook (the script's own, or the default one)."""
+    """DDP: its forward notes the phase and watches its parameters' gradients; its backward's end, the all-reduce's."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     original_init = DDP.__init__
-    _ORIGINAL["register_comm_hook"] = original_register = DDP.register_comm_hook
-    original_builtin = DDP._register_builtin_comm_hook
-
-    def register_comm_hook(self: Any, state: Any, hook: Callable[..., Any]) -> None:
-        self._check_comm_hook(hook)
-        original_register(self, state, _timed(watch, hook))
-
-    def register_builtin(self: Any, comm_hook_type: Any) -> None:
-        self._clusterctl_builtin_hook = True  # a C++ hook: its wait is not timed
-        original_builtin(self, comm_hook_type)
 
     @functools.wraps(original_init)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -372,13 +353,11 @@ def _hook_ddp(watch: StepWatch) -> None:
         self.register_forward_pre_hook(_on_forward)
 
     DDP.__init__ = init
-    DDP.register_comm_hook = register_comm_hook
-    DDP._register_builtin_comm_hook = register_builtin
     _hook_backward(watch)
 
 
 def _hook_backward(watch: StepWatch) -> None:
-    """On a GPU, DDP's stream waits for the gradient all-reduce when the backward ends: the end of that wait."""
+    """The training thread's backward returned: for DDP, the end of its wait for the gradient all-reduce."""
     import torch.autograd
 
     original = torch.autograd.backward
@@ -388,9 +367,8 @@ def _hook_backward(watch: StepWatch) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            device = watch.device
-            if device is not None and device.waiting and threading.current_thread() is threading.main_thread():
-                device.wait_end()
+            if threading.current_thread() is threading.main_thread():
+                watch.on_backward_end()
 
     torch.autograd.backward = backward
 
