@@ -28,6 +28,7 @@ from clusterctl.runtime.preflight import POST_RENDEZVOUS, marker_path
 from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
+SETTLE_S = 0.1  # after the script: torch's threads get the GIL for what they still release (settle_torch_threads)
 
 
 def run_command(argv: list[str]) -> None:
@@ -50,6 +51,25 @@ def run_command(argv: list[str]) -> None:
             runpy.run_path(args[0], run_name="__main__")
             return
     os.execvp(argv[0], argv)
+
+
+def settle_torch_threads() -> None:
+    """Hand the GIL to torch's own threads for a moment before the interpreter shuts down.
+
+    A gloo worker thread destroys each finished collective's work after the
+    training thread has moved on, and the work holds the thread-local state
+    it captured, Python objects included: releasing them takes the GIL.
+    Once the interpreter is shutting down, a thread that asks for the GIL is
+    ended by the interpreter, which C++ cannot unwind through: the rank
+    aborts ("terminate called without an active exception", exit 134) after
+    its training finished, and the attempt would be judged a failure. Seen
+    with a plain DDP loop and no clusterctl code in it, once a starved CPU
+    let the script end first (bench: 5 aborts in 20 processes with the GIL
+    never handed over; none with this pause). A sleep releases the GIL at
+    once, so the threads waiting for it finish first.
+    """
+    if "torch" in sys.modules:
+        time.sleep(SETTLE_S)
 
 
 def bind_cpus_if_unbound() -> None:
@@ -187,6 +207,7 @@ def managed(argv: list[str]) -> int:
         if watch is not None:
             watch.close()
         heartbeat.shared(info.rank, info.attempt).close()
+        settle_torch_threads()
     return 0
 
 

@@ -18,11 +18,9 @@ clusterctl is watched as the reference trainer is:
   tail: from the moment the backward's last gradient was ready (DDP hands
   its last bucket over then) to the backward's return (DDP has every
   bucket's all-reduce back then). That needs no communication hook: nothing
-  of clusterctl runs on torch's communication threads, where a Python
-  callback left behind at the script's exit aborts the process ("terminate
-  called without an active exception", when the thread wants the GIL of an
-  interpreter that is shutting down), and the script's own hook, even a C++
-  one, is timed as it is. So a rank
+  of clusterctl runs on torch's communication threads (no callback there
+  asking for the GIL while the backward runs), and the script's own hook,
+  a built-in C++ one too, is timed as it is. So a rank
   that waits for a slow peer does not look slow itself, and work outside any
   module counts. On sites with `oversubscribe: true` the step's clock leaves
   out the time the rank waited for a CPU (runtime/computeclock.py). Once the
