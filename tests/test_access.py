@@ -134,6 +134,22 @@ def test_group_sharing_needs_a_group_this_machine_knows(shared: Path) -> None:
     assert not (shared / "runs").exists()  # refused before anything was written
 
 
+def test_a_remote_runs_group_is_checked_on_the_login_node_not_on_the_laptop(tmp_path: Path) -> None:
+    """`submit --remote` renders on a laptop that need not know the cluster's groups: the staged run is private
+    there, and the login node's `submit-run` gives it the group, or refuses one that node does not know."""
+    from clusterctl.render.runfiles import stage_run
+
+    (tmp_path / "job.yaml").write_text(json.dumps({"name": "g", "site": "local", "time_limit": "10m", "nodes": 1,
+                                                   "gpus_per_node": 1, "runs_mode": "group", "runs_group": "cc-cluster-only",
+                                                   "command": ["true"]}))
+    staged = stage_run(load_job(tmp_path / "job.yaml"), tmp_path / "cluster-runs" / "g-1", tmp_path / "stage", sys.executable, None)
+    assert set(modes(staged.path).values()) <= {"drwx------", "-rw-------", "-rwx------"}, modes(staged.path)
+    assert json.loads((staged.path / "run.json").read_text())["runs_group"] == "cc-cluster-only"
+    refused = cli("submit-run", str(staged.path), "--backend", "local")
+    assert refused.exit_code == ExitCode.BAD_CONFIG, refused.output
+    assert "runs_group 'cc-cluster-only' is not a group on this login node" in refused.output
+
+
 STRANGER_SCRIPT = r"""
 import json, socket, sys, time
 host, port, nodes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")

@@ -30,12 +30,14 @@ def node_python(job: PlannedJob) -> str:
     return job.site.python or sys.executable
 
 
-def _render(job: PlannedJob, final: Path, standalone: bool, run_id: str | None, python: str | None = None) -> dict[str, str]:
+def _render(job: PlannedJob, final: Path, standalone: bool, run_id: str | None, python: str | None = None,
+            groups_here: bool = True) -> dict[str, str]:
     """Every file of the run as text, rendered and validated before anything touches the disk."""
     if not job.spec.allow_oom and (problem := oom_problem(job.plan.memory)) is not None:
         raise ConfigError(str(job.spec_path), [problem])  # a job that cannot fit is refused, not submitted to crash
     rendered = render_run(
-        job.plan, final, python=python or node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id
+        job.plan, final, python=python or node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id,
+        groups_here=groups_here,
     )
     spec_doc = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     return {**rendered.files, rundir.SPEC: yaml.safe_dump(spec_doc, sort_keys=False)}
@@ -114,7 +116,7 @@ def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None 
             run_access.apply(directory)
     tmp = root / f".{run_id}.tmp"
     try:
-        _populate(job, files, tmp, final, None)
+        _populate(job, files, tmp, final, None, run_access)
         os.rename(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -131,8 +133,9 @@ def _access(files: dict[str, str]) -> access.Access:
     return access.Access(record["runs_mode"], record["runs_group"])
 
 
-def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path, ship_from: Path | None) -> None:
-    """A new run directory's contents, written at `target` for its place `final`."""
+def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path, ship_from: Path | None,
+              given: access.Access) -> None:
+    """A new run directory's contents, written at `target` for its place `final`, with the access `given`."""
     target.mkdir(parents=True)
     _write_files(job, files, target, final)
     (target / rundir.ATTEMPTS).touch()
@@ -141,19 +144,21 @@ def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path,
     if ship_from is not None:
         ship_tree(target / rundir.CODE_TREE, ship_from)
     RunDir(target).write_state(state="rendered", run_id=final.name)
-    _access(files).apply(target)
+    given.apply(target)
 
 
 def stage_run(job: PlannedJob, final: Path, stage: Path, python: str, ship_from: Path | None) -> RunDir:
     """A run rendered for `final` on another machine, written under `stage` here to be shipped there whole.
 
     With `ship_from`, the git work tree holding it is copied into code/tree/ as it is now (uncommitted
-    changes included): the ranks run in that copy, not in whatever the cluster happens to have.
+    changes included): the ranks run in that copy, not in whatever the cluster happens to have. The staged
+    files are private here; `submit-run` gives them the run's access there, with the login node's groups (a
+    sharing group need not exist on this machine).
     """
-    files = _render(job, final, False, final.name, python)
+    files = _render(job, final, False, final.name, python, groups_here=False)
     target = stage / final.name
     try:
-        _populate(job, files, target, final, ship_from)
+        _populate(job, files, target, final, ship_from, access.Access())
     except OSError as exc:
         raise ClusterctlError(f"cannot stage the run in {stage}: {exc}", ExitCode.BAD_CONFIG) from None
     return RunDir(target)

@@ -121,6 +121,7 @@ def render_run(
     standalone: bool = False,
     site_path: Path | None = None,
     run_id: str | None = None,
+    groups_here: bool = True,
 ) -> Rendered:
     """Render the batch script, wrapper and run.json for a run directory at `run_dir`."""
     spec, site, node_type = plan.spec, plan.site, plan.node_type
@@ -135,7 +136,7 @@ def render_run(
                 "expected an absolute path of letters, digits and . _ / + @ : = , - (sbatch reads it unquoted)",
             )
         )
-    access = run_access(plan, problems)
+    access = run_access(plan, problems, groups_here)
     if spec.container.image and site.container.plugin == "none":
         problems.append(
             Problem("container.image", spec.container.image, f"site {site.name} has no container plugin (container.plugin)")
@@ -250,18 +251,21 @@ def spec_hash(spec: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def run_access(plan: Plan, problems: list[Problem]) -> Access:
+def run_access(plan: Plan, problems: list[Problem], groups_here: bool = True) -> Access:
     """Who may read the run (the spec's runs_mode and runs_group, else the site's); a problem when group sharing
-    names no group, or one this machine does not know."""
+    names no group, or (`groups_here`: the run is made on this machine) one this machine does not know. A run
+    rendered here for another machine (`submit --remote`) has its group checked there, by `submit-run`."""
     spec, site = plan.spec, plan.site
     access = Access(spec.runs_mode or site.runs_mode, spec.runs_group or site.runs_group)
     field = "runs_group" if spec.runs_group or spec.runs_mode else "site runs_group"
     if access.mode == GROUP:
-        try:
-            if access.gid() is None:
-                problems.append(Problem(field, None, "expected the group that `runs_mode: group` shares the run with"))
-        except KeyError:
-            problems.append(Problem(field, access.group, "expected a group this machine knows (getent group NAME)"))
+        if not access.group:
+            problems.append(Problem(field, None, "expected the group that `runs_mode: group` shares the run with"))
+        elif groups_here:
+            try:
+                access.gid()
+            except KeyError:
+                problems.append(Problem(field, access.group, "expected a group this machine knows (getent group NAME)"))
     return access if access.mode == GROUP else Access()
 
 
