@@ -112,6 +112,10 @@ def test_a_group_run_is_readable_by_its_group_and_no_one_else(shared: Path) -> N
     assert as_user(MEMBER, "ls", str(attempt / "logs")).returncode == 0
     denied = as_user(MEMBER, "touch", str(run.path / "mine"))
     assert denied.returncode != 0  # read-only for the group
+    # The attempt's secret is not the group's: a member who reads the run cannot speak for its aggregators.
+    assert "token" not in json.loads(as_user(MEMBER, "cat", str(attempt / "attempt.json")).stdout)
+    assert stat.S_IMODE((attempt / ".token").stat().st_mode) == 0o600
+    assert as_user(MEMBER, "cat", str(attempt / ".token")).returncode != 0
     assert as_user(STRANGER, "cat", str(spec)).returncode != 0
     # `clusterctl status` works for the member, with a Python that user can run (Debian's, the checkout's modules).
     path = f"{ROOT}:{site_packages()}"

@@ -58,9 +58,10 @@ class FakeRun:
             )
         write_json_atomic(
             self.attempt / rundir.ATTEMPT_JSON,
-            {"job_id": job_id, "attempt": 1, "token": self.token, "hosts": HOSTS, "batch_host": "node1",
-             "master_host": "node1", "started": time.time()},
+            {"job_id": job_id, "attempt": 1, "hosts": HOSTS, "batch_host": "node1", "master_host": "node1",
+             "started": time.time()},
         )
+        (self.attempt / rundir.TOKEN_FILE).write_text(self.token + "\n")
         if manifest:
             self.write_manifest()
 

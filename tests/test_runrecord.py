@@ -17,7 +17,7 @@ from helpers import cli
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import RunDir, history
+from clusterctl.rundir import RunDir, attemptjson, history
 from clusterctl.runtime.rankinfo import recorded_env
 from clusterctl.views import record as runrecord
 
@@ -200,8 +200,8 @@ def test_a_real_run_records_what_its_ranks_saw_and_its_requeue_what_it_resumed_f
         assert node["env"]["NCCL_DEBUG"] == "WARN"  # from the spec, as the wrapper exported it
         assert node["env"]["OMP_NUM_THREADS"] == "1"  # the wrapper's: one CPU per emulated GPU
         assert "CLUSTERCTL_TOKEN" not in node["env"]
-    token = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["token"]
-    assert token not in json.dumps(first)
+    token = attemptjson.token(run.attempt(1))
+    assert token and token not in json.dumps(first)
     text = cli("record", str(run.path), cwd=tmp_path)
     assert text.exit_code == 0, text.output
     for title in ("Training definition", "Data", "Recovery", "Execution environment", "NCCL_DEBUG"):

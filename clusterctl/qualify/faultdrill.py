@@ -79,7 +79,7 @@ class Attempt:
 
     @property
     def token(self) -> str:
-        return self.info.token
+        return attemptjson.token(self.path)
 
     @property
     def job_id(self) -> str:

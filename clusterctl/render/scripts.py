@@ -206,6 +206,7 @@ def render_run(
         "attempt_json_format": attemptjson.FORMAT,
         "hosts_file": rundir.HOSTS,
         "controller_json": rundir.CONTROLLER_JSON,
+        "token_file": rundir.TOKEN_FILE,
         "logs_dir": rundir.LOGS,
         "node_log": rundir.NODE_LOG.format(slot="%n"),  # srun's %n: the node's index in the step (its slot)
         "aggregator_log": rundir.AGGREGATOR_LOG.format(slot="%n"),

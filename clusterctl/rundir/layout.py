@@ -12,7 +12,8 @@
       state.json               submission state: rendered, submitted (job id), failed (reason)
       cancel.json              `clusterctl cancel` was asked: no attempt starts, nothing continues
       attempt-<N>/
-        attempt.json           job id, attempt, token, master addr/port, nodes
+        attempt.json           job id, attempt, master addr/port, nodes
+        .token                 the attempt's secret, the owner's only (0600) whatever runs_mode
         manifest.json          every rank's registration
         timeline.jsonl         phase changes, step times, deaths, GPU samples as received (see runtime/watchserver.py)
         verdict.json           the controller's verdict: culprits, victims, evidence
@@ -69,6 +70,7 @@ RECORD = "record.json"  # the run record's node-side part, per attempt (runrecor
 SUBMITIT = "submitit"  # the submitit executor's pickles (integrations/submitit/paths.py names them)
 HOSTS = "hosts"  # attempt-N/hosts: the ranks' nodes, one per line in slot order (srun --nodelist reads it)
 CONTROLLER_JSON = "controller.json"  # attempt-N/: the controller's ports, pid, host and shared-fs marker
+TOKEN_FILE = ".token"  # attempt-N/: the attempt's secret, the owner's only whatever runs_mode (attempt.json is the group's to read)
 NODE_LOG = "node-{slot}.log"  # attempt-N/logs/: one node's ranks, lines labelled by rank (srun's node-%n.log)
 AGGREGATOR_LOG = "aggregator-{slot}.log"  # attempt-N/logs/: one node's aggregator
 AGGREGATOR_SRUN_LOG = "aggregators-srun.log"  # attempt-N/logs/: srun's own lines about the aggregators' step, off the batch log

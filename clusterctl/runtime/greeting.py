@@ -11,7 +11,7 @@ The watch connection's greeting: a challenge from the controller, a hello bound 
 The attempt token never crosses the wire. The controller's first line on a
 new connection is a fresh nonce; the aggregator answers with
 HMAC-SHA256(token, nonce|node). A process that can reach the watch port but
-cannot read the token (attempt.json and the ranks' environment are their
+cannot read the token (attempt-N/.token and the ranks' environment are their
 owner's) cannot greet, so it can neither send beats nor end a connection
 that would read as a lost node; a greeting seen on one connection does not
 answer another's nonce, in this attempt or the next. Standard library only:

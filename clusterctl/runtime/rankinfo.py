@@ -1,7 +1,7 @@
 """What a rank knows about itself and its job, from the wrapper's environment.
 
 Standard library only. The run directory's run.json (the static plan, small
-at any scale) and the attempt's attempt.json (hosts, token, port) complete
+at any scale) and the attempt's attempt.json (hosts, port) complete
 the picture; both were written before the rank started.
 """
 
