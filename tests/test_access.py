@@ -27,7 +27,7 @@ from helpers import cli
 from clusterctl.actions.submit import submit_job
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import load_job
-from clusterctl.rundir import RunDir, history
+from clusterctl.rundir import RunDir, access, history
 
 ROOT = Path(__file__).resolve().parent.parent
 STRANGER, MEMBER, GROUP = "ccstranger", "ccmember", "ccshare"
@@ -152,6 +152,19 @@ def test_a_remote_runs_group_is_checked_on_the_login_node_not_on_the_laptop(tmp_
     refused = cli("submit-run", str(staged.path), "--backend", "local")
     assert refused.exit_code == ExitCode.BAD_CONFIG, refused.output
     assert "runs_group 'cc-cluster-only' is not a group on this login node" in refused.output
+
+
+def test_a_sharing_group_never_gets_the_secrets_files(tmp_path: Path) -> None:
+    """`submit-run` gives a shipped run its group: its secret_env values and an attempt's token stay the owner's."""
+    import grp
+
+    run = tmp_path / "run"
+    (run / "attempt-1").mkdir(parents=True)
+    for name in ("spec.yaml", ".secrets.env", "attempt-1/.token", "attempt-1/attempt.json"):
+        (run / name).write_text("x")
+    access.Access("group", grp.getgrgid(os.getgid()).gr_name).apply(run)
+    found = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run.rglob("*") if p.is_file()}
+    assert found == {"spec.yaml": 0o640, ".secrets.env": 0o600, ".token": 0o600, "attempt.json": 0o640}
 
 
 STRANGER_SCRIPT = r"""

@@ -52,8 +52,10 @@ class Access:
         return grp.getgrnam(self.group).gr_gid if self.mode == GROUP and self.group else None
 
     def apply(self, top: Path) -> None:
-        """Give `top` and everything under it this access (submit's files; the job's follow the umask)."""
+        """Give `top` and everything under it this access (submit's files; the job's follow the umask).
+        The secrets' files stay the owner's only: a group that reads the run does not get them."""
         gid = self.gid()
+        secret = owner_only()
         for path in [top, *sorted(top.rglob("*"))]:
             info = path.lstat()
             if stat.S_ISLNK(info.st_mode):
@@ -63,7 +65,14 @@ class Access:
             if stat.S_ISDIR(info.st_mode):
                 os.chmod(path, self.dir_mode)
             else:
-                os.chmod(path, self.file_mode(bool(info.st_mode & 0o100)))
+                os.chmod(path, 0o600 if path.name in secret else self.file_mode(bool(info.st_mode & 0o100)))
+
+
+def owner_only() -> frozenset[str]:
+    """The names of the files no sharing group reads: the secret_env values, the attempt's token."""
+    from clusterctl.rundir import layout, secretenv
+
+    return frozenset((secretenv.FILE, layout.TOKEN_FILE))
 
 
 def of_run(run_path: Path) -> Access | None:
