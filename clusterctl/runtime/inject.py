@@ -268,34 +268,45 @@ def _job_pids(node: str, job: str, spare: set[int]) -> list[int]:
 
 
 def kill_node(node: str, job: str) -> dict[str, Any]:
-    """SIGKILL every process of `job` on `node`; a few passes so that children forked meanwhile go too."""
+    """SIGKILL every process of `job` on `node` at once, as a node that dies takes them all; a few passes so that
+    children forked meanwhile go too.
+
+    Each pass pins every process first and only then signals them, back to back: signalled one by one with
+    /proc reads in between, the node's other ranks saw the first one die and were already exiting, so the
+    fault looked like one rank's death. A process that ended before its signal is reported as `gone`.
+    """
     spare = _ancestors()
     killed: list[int] = []
+    gone: list[int] = []
     first: float | None = None
     for _ in range(5):
-        fresh = [p for p in _job_pids(node, job, spare) if p not in killed]
+        fresh = [p for p in _job_pids(node, job, spare) if p not in killed and p not in gone]
         if not fresh:
             break
+        pinned: list[Target] = []
         for pid in fresh:
             try:
                 target = Target(pid, None)
             except Refused:
                 continue
+            if target.env.get("SLURM_JOB_ID") == job and target.env.get("SLURMD_NODENAME") == node:
+                pinned.append(target)  # checked after pinning: the process about to be signalled
+            else:
+                target.close()
+        now = time.time()
+        for target in pinned:
             try:
-                env = target.env  # read after pinning: the process about to be signalled
-                if env.get("SLURM_JOB_ID") != job or env.get("SLURMD_NODENAME") != node:
-                    continue
-                now = time.time()
                 target.send(signal.SIGKILL)
+                killed.append(target.pid)
                 first = first if first is not None else now
-                killed.append(pid)
-            except Refused:
-                continue
+            except Refused as exc:
+                if exc.reason == "gone":
+                    gone.append(target.pid)
             finally:
                 target.close()
         time.sleep(0.05)
     return {
-        "ok": True, "action": "node", "node": node, "job": job, "killed": sorted(killed),
+        "ok": True, "action": "node", "node": node, "job": job, "killed": sorted(killed), "gone": sorted(gone),
         "time": first if first is not None else time.time(), "host": _node(),
     }
 
