@@ -32,7 +32,7 @@ def test_the_whole_ladder_on_the_local_backend(tmp_path: Path, monkeypatch: pyte
     assert report == json.loads((tmp_path / "out" / "report.json").read_text())
     names = [r["name"] for r in report["rungs"]]
     assert names == ["worker", "node", "comm", "boundary", "scaling", "data", "restart", "failure", "long", "report"]
-    assert all(r["passed"] for r in report["rungs"]) and report["passed"] and report["stopped_at"] is None
+    assert all(r["passed"] for r in report["rungs"]) and report["passed"] and report["stopped_at"] is None and report["started_at"] is None
     assert all(r["criterion"] and isinstance(r["measured"], dict) for r in report["rungs"])
     rung = {r["name"]: r for r in report["rungs"]}
     # Save and restore round-trip bit for bit; the resumed run continues the uninterrupted one bit for bit.
@@ -72,16 +72,21 @@ def test_a_rung_that_fails_stops_the_ladder_with_its_reason(tmp_path: Path, monk
     assert "STOPPED at worker" in (tmp_path / "out" / "index.html").read_text()
     bad = cli("qualify", spec(tmp_path), "-o", tmp_path / "o2", "--up-to", "summit")
     assert bad.exit_code == ExitCode.USAGE and "--up-to 'summit'" in bad.output
+    backwards = cli("qualify", spec(tmp_path), "-o", tmp_path / "o2", "--from", "long", "--up-to", "node")
+    assert backwards.exit_code == ExitCode.USAGE and "--from long comes after --up-to node" in backwards.output
+    assert not (tmp_path / "o2" / "runs").exists()  # refused before any job
 
 
 @pytest.mark.slurm
-def test_the_rungs_up_to_the_first_node_boundary_on_the_slurm_test_cluster(slurm_lab, tmp_path: Path,  # noqa: ANN001
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_node_boundary_on_the_slurm_test_cluster(slurm_lab, tmp_path: Path,  # noqa: ANN001
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rung that differs on real hosts, alone (--from): the rungs below it are the local ladder's."""
     monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
-    result = cli("qualify", spec(tmp_path, site="slurm-lab"), "-o", tmp_path / "out", "--up-to", "boundary", "--json")
+    result = cli("qualify", spec(tmp_path, site="slurm-lab"), "-o", tmp_path / "out", "--from", "boundary", "--up-to", "boundary",
+                 "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert [r["name"] for r in report["rungs"]] == ["worker", "node", "comm", "boundary"]
+    assert [r["name"] for r in report["rungs"]] == ["boundary"] and report["started_at"] == "boundary"
     assert all(r["passed"] for r in report["rungs"]), report["rungs"]
     boundary = {r["name"]: r for r in report["rungs"]}["boundary"]["measured"]
     assert {a["host"] for a in boundary["adapters"].values()} <= {"n1", "n2", "n3", "n4"} and len(boundary["adapters"]) == 2

@@ -6,6 +6,10 @@ Slurm test cluster, injects a fault with `clusterctl drill` (or scancel,
 or `clusterctl cancel`), and asserts what a user checks afterwards: how the
 next attempt began (attempts.jsonl `next`), on which nodes, from which step
 it resumed, what Slurm says about the job, and that nothing is left queued.
+A spent budget (`restart.budget: 0`, a killed rank: the run fails with 87,
+`status` names the budget and the culprit) is the recovery guide's runnable
+example (docs/guide/recovery.md, run by test_docs_examples); the budget's
+arithmetic is test_recovery_policy's.
 """
 
 from __future__ import annotations
@@ -278,23 +282,6 @@ def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, 
     late = [e for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_START and e["time"] > cancel_at + 1]
     assert not late, story(run)
     assert (run.path / rundir.CANCEL).exists()
-
-
-def test_an_exhausted_budget_stops_the_run_with_87(backend: str, tmp_path: Path) -> None:
-    if backend == "slurm":
-        pytest.skip("the budget is the recovery step's arithmetic, the same on both; Slurm's record of a code is test_slurm_submit's")
-    done = submit(backend, tmp_path, "rec-budget", steps=400, restart={"budget": 0})
-    run = done.run
-    drill(run, "--kill", "0")
-    stop = wait_for("the stop", lambda: run_stopped(run), run=run)
-    assert stop["exit"] == ExitCode.BUDGET_EXHAUSTED and "restart.budget 0" in stop["reason"]
-    nothing_left(backend, run)
-    info = get_backend(backend).info(done.job_id)
-    assert info is None or info.exit_code == ExitCode.BUDGET_EXHAUSTED
-    assert run.attempts() == [1] and run_jobs(run) == [done.job_id]
-    st = status(run)
-    assert (st["state"], st["exit_code"]) == ("failed", ExitCode.BUDGET_EXHAUSTED) and "restart.budget 0" in st["reason"], st
-    assert [c["rank"] for c in st["attempts"][0]["culprits"]] == [0]
 
 
 def test_requeue_by_hand_excludes_the_culprit_and_resumes_on_fewer_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

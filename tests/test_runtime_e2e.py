@@ -3,7 +3,10 @@
 A 2-node x 2-rank job whose rank 3 (or 1) is broken in one way; the attempt
 must end with the documented code and a verdict that names the rank and host,
 and the batch log must say it. Faults are injected by
-tests/programs/faults/sitecustomize.py.
+tests/programs/faults/sitecustomize.py. The rest of the controller's judgment
+(a stale token, a wrong world size or node, another torch) is the same
+whatever the ranks are: test_controller drives a real controller and store
+with every one of them, test_registry each rule.
 """
 
 from __future__ import annotations
@@ -90,11 +93,7 @@ SLURM_ONLY = ("never",)  # the same verdict on both backends: run where srun is 
     [
         ("never:3", ExitCode.RENDEZVOUS_FAILED, "1 of 4 ranks never arrived: rank 3 on {h1}"),
         ("crash:3", ExitCode.RENDEZVOUS_FAILED, "rank 3 on {h1} failed before registering: fault: this node's Python environment is broken"),
-        ("wrongnode:3", ExitCode.RENDEZVOUS_FAILED, "rank 3 runs on elsewhere, the plan puts it on {h1}"),
-        ("stale:3", ExitCode.RENDEZVOUS_FAILED, "carries another attempt's token: a stale process"),
-        ("world:1", ExitCode.RENDEZVOUS_FAILED, "rank 1 on {h0} was started with WORLD_SIZE=8, the plan has 4"),
         ("dup:3", ExitCode.RENDEZVOUS_FAILED, "rank 2 registered 2 times"),
-        ("version:3", ExitCode.RENDEZVOUS_FAILED, "torch versions differ"),
     ],
     ids=lambda v: v.split(":")[0] if isinstance(v, str) and ":" in v else None,
 )
@@ -105,11 +104,10 @@ def test_startup_failure_names_rank_and_host(backend: str, tmp_path: Path, fault
         pytest.skip("a rank that never arrives is judged the same on every backend: run on the test cluster")
     info, verdict, log, events, run = run_job(backend, tmp_path, fault)
     h = hosts(run)
-    text = expected.format(h0=h[0], h1=h[1])
+    text = expected.format(h1=h[1])
     assert events[-1]["exit"] == code, log
     assert verdict["code"] == code and text in verdict["message"], verdict
     assert text in log  # the batch log's last lines say it
-    assert "version:3" != fault or "2.0.0+other on ranks 3" in verdict["message"]
 
 
 def test_preflight_failure_names_the_nodes(backend: str, tmp_path: Path) -> None:

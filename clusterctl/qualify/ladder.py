@@ -15,7 +15,7 @@ from typing import Any
 
 from clusterctl import __version__
 from clusterctl.errors import ClusterctlError
-from clusterctl.exitcodes import BUG_REPORT_HINT
+from clusterctl.exitcodes import BUG_REPORT_HINT, ExitCode
 from clusterctl.plan.job import PlannedJob, load_job
 from clusterctl.qualify import RUNGS
 from clusterctl.qualify.definition import Definition
@@ -59,9 +59,12 @@ def _stack(job_runs: list[str]) -> dict[str, Any]:
 
 
 def qualify(spec: Path, site: str | None, backend: str | None, out: Path, up_to: str | None, nodes: list[int] | None,
-            show: Callable[[str], None], sets: list[str] | None = None) -> dict[str, Any]:
-    """Run the ladder up to `up_to` (all of it by default); the report as a dict (also in out/report.json).
-    `sets` are --set overrides of the spec, for every rung's job."""
+            show: Callable[[str], None], sets: list[str] | None = None, start: str | None = None) -> dict[str, Any]:
+    """Run the ladder from `start` (the first rung by default) up to `up_to` (the last); the report as a dict (also
+    in out/report.json). `sets` are --set overrides of the spec, for every rung's job. A ladder started past the
+    first rung (after fixing what stopped an earlier run at that rung, on a cluster where the ladder takes hours)
+    runs no rung before it: the report says where it started, and the rungs that need an earlier one's figure
+    (the node rung's efficiency against the worker's throughput) go without it."""
     job: PlannedJob = load_job(spec, sets or [], site)
     d = Definition.of(job)
     counts = node_counts(nodes or d.q.nodes, d)
@@ -70,11 +73,14 @@ def qualify(spec: Path, site: str | None, backend: str | None, out: Path, up_to:
                               f" {d.max_nodes} node(s)", 65)
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(Runner(spec, site, backend, out / "runs", show, sets or []), d, out, judge_performance=not job.site.oversubscribe)
-    last = RUNGS.index(up_to) if up_to else len(RUNGS) - 1
+    first, last = RUNGS.index(start) if start else 0, RUNGS.index(up_to) if up_to else len(RUNGS) - 1
+    if first > last:
+        raise ClusterctlError(f"--from {start} comes after --up-to {up_to} in the ladder: {', '.join(RUNGS)}", ExitCode.USAGE)
+    ctx.started_at = RUNGS[first] if first else None
     began = time.time()
     results: list[Rung] = []
     report = _report(job, d, results, ctx, began, stopped=None, complete=False)
-    for name in RUNGS[: last + 1]:
+    for name in RUNGS[first : last + 1]:
         if name == "report":  # the last rung: written below, once the others have run
             continue
         show(f"rung {name}")
@@ -107,6 +113,7 @@ def _report(job: PlannedJob, d: Definition, results: list[Rung], ctx: Context, b
     spec = job.spec
     return {
         "passed": complete,
+        "started_at": ctx.started_at,
         "stopped_at": stopped,
         "rungs": [r.as_dict() for r in results],
         "scaling": ctx.scaling,

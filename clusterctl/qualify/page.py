@@ -46,6 +46,8 @@ def _cell(value: Any) -> str:
 def write_page(out: Path, report: dict[str, Any]) -> Path:
     q = report.get("quality") or {}
     status = "PASSED" if report.get("passed") else f"STOPPED at {report.get('stopped_at') or 'an unfinished rung'}"
+    if report.get("started_at"):
+        status += f" (started at {report['started_at']}: the rungs below it were not run)"
     rows = "".join(
         f"<tr class={'ok' if r['passed'] else 'bad'}><td>{html.escape(r['name'])}</td><td>{'passed' if r['passed'] else 'FAILED'}"
         f"{'' if r.get('judged', True) else ' (performance not judged)'}</td><td>{html.escape(r['criterion'])}</td>"

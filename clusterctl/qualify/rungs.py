@@ -47,6 +47,7 @@ class Context:
     judge_performance: bool
     by_nodes: dict[int, JobRun] = field(default_factory=dict)  # runs of the definition at N nodes (scaling reuses them)
     worker_tps: float | None = None
+    started_at: str | None = None  # the first rung run, when the ladder did not start at the bottom (--from)
     scaling: list[dict[str, Any]] = field(default_factory=list)
     quality: dict[str, Any] = field(default_factory=dict)
     step_p50: float | None = None

@@ -15,18 +15,8 @@ if _kind and os.environ.get("RANK") == _rank and "clusterctl.launch" in getattr(
     elif _kind == "crash":  # dies before it can register
         sys.stderr.write("fault: this node's Python environment is broken\n")
         sys.exit(3)
-    elif _kind == "wrongnode":
-        os.environ["SLURMD_NODENAME"] = "elsewhere"
-    elif _kind == "stale":
-        os.environ["CLUSTERCTL_TOKEN"] = "token-of-a-previous-attempt"
-    elif _kind == "world":
-        os.environ["WORLD_SIZE"] = "8"
     elif _kind == "dup":
         os.environ["RANK"] = str(int(_rank) - 1)
-    elif _kind == "version":
-        import torch
-
-        torch.__version__ = "2.0.0+other"
     elif _kind == "slow":
         import torch
 
