@@ -451,7 +451,7 @@ def test_topology_narrowed_to_the_gpu_nodes(tmp_path: Path) -> None:
         ("SwitchName=s0 Nodes=a1\nBlockName=b1 Nodes=a2\n", ["both SwitchName and BlockName"]),
         ("SwitchName=s0 Nodes=a1\nSwitchName=s0 Nodes=a2\n", ["each name once (also on line 1)"]),
         ("# only comments\n", ["no SwitchName or BlockName"]),
-        ("topology:\n  - topology: t1\n", ["looks like topology.yaml"]),
+        ("topology:\n  - topology: t1\n", ["expected a list of topologies"]),
         ("hello world\n", ["expected Key=Value"]),
     ],
 )
@@ -461,6 +461,68 @@ def test_bad_topology_conf(tmp_path: Path, text: str, needles: list[str]) -> Non
     expect_cli_config_error(
         ["site", "import", "--topo", fixture("gh200_aerial-cubb-system-checks.txt"), "--topology-conf", conf],
         tmp_path, *needles,
+    )
+
+
+def test_topology_yaml_takes_the_cluster_default_or_the_named_topology(tmp_path: Path) -> None:
+    """Slurm 25.05's topology.yaml holds several topologies: the cluster default (a tree here), or --topology NAME."""
+    data, _, _ = imported(tmp_path, "--topo", fixture("gh200_aerial-cubb-system-checks.txt"),
+                          "--topology-conf", fixture("topology_slurm-manpage.yaml"))
+    assert data["partitions"]["gpu"]["nodes"] == "node[01-04]"
+    assert data["topology"] == {"kind": "tree", "switches": [{"name": "sw_root", "nodes": "node[01-04]"}]}
+    data, _, _ = imported(tmp_path, "--topo", fixture("gh200_aerial-cubb-system-checks.txt"),
+                          "--topology-conf", fixture("topology_slurm-manpage.yaml"), "--topology", "topo2")
+    assert data["partitions"]["gpu"]["nodes"] == "node[01-16]"
+    assert data["topology"]["kind"] == "block" and data["topology"]["block_sizes"] == [4, 16]
+    assert [(b["name"], b["nodes"]) for b in data["topology"]["blocks"]] == [
+        ("b1", "node[01-04]"), ("b2", "node[05-08]"), ("b3", "node[09-12]"), ("b4", "node[13-16]")]
+
+
+def test_a_topology_yaml_tree_with_children_matches_the_same_topology_conf(tmp_path: Path) -> None:
+    text = """- topology: fabric
+  tree:
+    switches:
+    - {switch: s0, nodes: "dev[0-5]"}
+    - {switch: s1, nodes: "dev[6-11]"}
+    - {switch: s2, nodes: "dev[12-17]"}
+    - {switch: s3, children: "s[0-2]"}
+"""
+    (tmp_path / "topology.yaml").write_text(text)
+    data, _, _ = imported(tmp_path, "--topo", fixture("dgx-h100_mooncake-2039.txt"), "--topology-conf", tmp_path / "topology.yaml")
+    conf, _, _ = imported(tmp_path, "--topo", fixture("dgx-h100_mooncake-2039.txt"),
+                          "--topology-conf", fixture("topology-tree_slurm-manpage.conf"))
+    assert data["topology"] == conf["topology"] and data["partitions"] == conf["partitions"]
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "needles"),
+    [
+        ("- topology: a\n  flat: true\n- topology: b\n  flat: true\n", [], ["cluster_default", "--topology NAME", "a, b"]),
+        ("- topology: a\n  cluster_default: true\n  flat: true\n", [], ["a.flat", "nothing to import"]),
+        ("- topology: a\n  flat: true\n", ["--topology", "z"], ["--topology", "'z'", "expected one of the file's topologies: a"]),
+        ("- topology: a\n  block: {blocks: [{block: b1, nodes: 'n[1-2'}]}\n", [], ["a.block.blocks[0].nodes", "hostlist"]),
+        ("- topology: a\n  block: {block_sizes: [0], blocks: [{block: b1, nodes: n1}]}\n", [], ["a.block.block_sizes", "positive"]),
+        ("- topology: a\n  block: {blocks: [{block: b1, nodes: n1}, {block: b1, nodes: n2}]}\n", [], ["each block name once"]),
+        ("- topology: a\n  tree: {switches: [{switch: s1, children: 's[2-3]'}]}\n", [], ["a.tree.switches[0].children", "unknown switch s[2-3]"]),
+        ("- topology: a\n  tree: {switches: [{switch: s1, speed: 100, nodes: n1}]}\n", [], ["a.tree.switches[0].speed", "unknown key"]),
+        ("- topology: a\n  tree: {switches: []}\n  block: {blocks: []}\n", [], ["expected exactly one of block:, tree: or flat:"]),
+        ("- topology: a\n  tree: {switches: [{switch: s1\n", [], ["not valid YAML"]),
+    ],
+)
+def test_bad_topology_yaml(tmp_path: Path, text: str, extra: list[str], needles: list[str]) -> None:
+    path = tmp_path / "topology.yaml"
+    path.write_text(text)
+    expect_cli_config_error(
+        ["site", "import", "--topo", fixture("gh200_aerial-cubb-system-checks.txt"), "--topology-conf", path, *extra],
+        tmp_path, *needles,
+    )
+
+
+def test_topology_names_a_topology_of_a_topology_yaml_only(tmp_path: Path) -> None:
+    expect_cli_config_error(
+        ["site", "import", "--topo", fixture("gh200_aerial-cubb-system-checks.txt"),
+         "--topology-conf", fixture("topology-block_slurm-manpage.conf"), "--topology", "topo2"],
+        tmp_path, "--topology", "is a topology.conf",
     )
 
 

@@ -54,7 +54,11 @@ def import_(
         Optional[Path], typer.Option("--topo", help="saved output of `nvidia-smi topo -m` from one compute node")
     ] = None,
     topology_conf: Annotated[
-        Optional[Path], typer.Option("--topology-conf", help="Slurm topology.conf (switch tree or blocks)")
+        Optional[Path], typer.Option("--topology-conf", help="Slurm topology.conf or topology.yaml (switch tree or blocks)")
+    ] = None,
+    topology_name: Annotated[
+        Optional[str], typer.Option("--topology", metavar="NAME",
+                                    help="the topology of a topology.yaml to import (default: its cluster_default one)")
     ] = None,
     gres_conf: Annotated[
         Optional[Path], typer.Option("--gres-conf", help="Slurm gres.conf (GPU devices, Cores=, node names)")
@@ -107,7 +111,7 @@ def import_(
         str, typer.Option("--nvidia-smi", help="--probe: the nvidia-smi command (e.g. 'ssh node7 nvidia-smi')")
     ] = "nvidia-smi",
 ) -> None:
-    """Write a site config from nvidia-smi topo -m, topology.conf and gres.conf, or from this node (--probe).
+    """Write a site config from nvidia-smi topo -m, topology.conf (or topology.yaml) and gres.conf, or from this node (--probe).
 
     The YAML goes to standard output, warnings to standard error.
     """
@@ -139,6 +143,7 @@ def import_(
         opts,
         topo=topo,
         topology_conf=topology_conf,
+        topology_name=topology_name,
         gres_conf=gres_conf,
         probe=probe,
         nic_names=_names([nic_names]) if nic_names else None,

@@ -10,7 +10,9 @@ Which input says what:
 - node types: one per distinct GPU configuration in gres.conf (identical
   node groups merge), else one; nodes whose gres.conf lists a gap in the
   device numbers (a GPU out of service) are left out with a warning;
-- the switch tree or blocks come from topology.conf, narrowed to the
+- the switch tree or blocks come from topology.conf, or one topology of a
+  topology.yaml (`--topology NAME`, else its cluster default: Slurm reads
+  topology.yaml instead of topology.conf when both exist), narrowed to the
   partition's nodes when it also lists others (CPU-only nodes, say).
 """
 
@@ -33,6 +35,7 @@ from clusterctl.siteimport.build import (
 )
 from clusterctl.siteimport.nvsmi import parse_topo
 from clusterctl.siteimport.slurmconf import GresNodes, parse_gres_conf, parse_topology_conf
+from clusterctl.siteimport.topologyyaml import looks_like_topology_yaml, parse_topology_yaml
 from clusterctl.syntax import hostlist
 
 
@@ -53,6 +56,7 @@ def import_site(
     *,
     topo: Path | None = None,
     topology_conf: Path | None = None,
+    topology_name: str | None = None,
     gres_conf: Path | None = None,
     probe: bool = False,
     nic_names: list[str] | None = None,
@@ -75,10 +79,22 @@ def import_site(
         primary = probe_facts()
         sources.append("a live probe of the node")
 
-    topology = None
+    topology, topology_file = None, "topology.conf"
     if topology_conf is not None:
-        topology = parse_topology_conf(read_input(topology_conf, "topology.conf"), str(topology_conf))
-        sources.append(f"topology.conf ({topology_conf.name})")
+        text = read_input(topology_conf, "topology file")
+        if looks_like_topology_yaml(text):
+            topology_file = "topology.yaml"
+            topology = parse_topology_yaml(text, str(topology_conf), topology_name)
+            sources.append(f"topology.yaml ({topology_conf.name}{f', topology {topology_name}' if topology_name else ''})")
+        elif topology_name is not None:
+            raise ConfigError("site import", [Problem("--topology", topology_name, (
+                f"names one topology of a topology.yaml; {topology_conf} is a topology.conf (one topology)"))])
+        else:
+            topology = parse_topology_conf(text, str(topology_conf))
+            sources.append(f"topology.conf ({topology_conf.name})")
+    elif topology_name is not None:
+        raise ConfigError("site import", [Problem("--topology", topology_name,
+                                                  "expected --topology-conf FILE (a topology.yaml) with it")])
 
     groups: list[tuple[str | None, NodeFacts | None]] = []
     if gres_conf is not None:
@@ -118,7 +134,7 @@ def import_site(
         extra = [n for n in topology.nodes() if n not in listed]
         if listed and extra:
             warnings.append(
-                f"topology.conf lists {len(extra)} node(s) no partition has ({hostlist.compress(extra[:64])}"
+                f"{topology_file} lists {len(extra)} node(s) no partition has ({hostlist.compress(extra[:64])}"
                 f"{', ...' if len(extra) > 64 else ''}); the imported switch tree keeps only the partition's nodes"
             )
             topology = topology.restricted_to(listed)
