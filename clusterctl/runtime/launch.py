@@ -14,6 +14,7 @@ command, so a launch line can be tried by hand.
 from __future__ import annotations
 
 import gc
+import io
 import os
 import platform
 import runpy
@@ -29,6 +30,7 @@ from clusterctl.runtime.preflight import POST_RENDEZVOUS, marker_path
 from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
+BUFFERED_FILES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)  # what holds written bytes until a flush
 SETTLE_S = 0.1  # after the script: torch's threads get the GIL for what they still release (settle_torch_threads)
 
 
@@ -71,6 +73,38 @@ def settle_torch_threads() -> None:
     """
     if "torch" in sys.modules:
         time.sleep(SETTLE_S)
+
+
+def leave_nothing_behind() -> None:
+    """Flush the files the script left open, collect its garbage, then freeze what is left for shutdown.
+
+    The script ran under runpy, in a module that is not kept once it
+    returns: its globals become cyclic garbage (its functions refer to
+    them), and CPython loses the buffered tail of a file freed in a cycle
+    (the buffer can be closed before the text layer flushes into it).
+    Measured: a script that never closed its log kept 0 of its 10 lines run
+    this way, all 10 under plain `python`. So every writable file still open
+    is flushed first, while the interpreter is whole.
+
+    Then the freeze: shutdown's collections walk every object again, and
+    torch, DCP and a trainer leave about a million: 0.80 s of exit per rank,
+    paid by every rank of every attempt (0.35-0.40 s with this, the flush
+    and the collection included).
+    """
+    buffered: dict[type, bool] = {}  # by type, never by isinstance: an object's own __class__ may warn or raise
+    for obj in gc.get_objects():
+        kind = type(obj)
+        is_file = buffered.get(kind)
+        if is_file is None:
+            is_file = buffered[kind] = issubclass(kind, BUFFERED_FILES)
+        if is_file:
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:  # noqa: BLE001, S110 - a file that cannot flush now (a closed pipe) would not at exit either
+                pass
+    gc.collect()
+    gc.freeze()
 
 
 def bind_cpus_if_unbound() -> None:
@@ -209,7 +243,7 @@ def managed(argv: list[str]) -> int:
             watch.close()
         heartbeat.shared(info.rank, info.attempt).close()
         settle_torch_threads()
-        gc.freeze()  # the interpreter's shutdown then skips torch's million objects: 0.9 s of exit becomes 0.2 s
+        leave_nothing_behind()
     return 0
 
 
