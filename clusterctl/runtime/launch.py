@@ -67,9 +67,9 @@ def settle_torch_threads() -> None:
     aborts ("terminate called without an active exception", exit 134) after
     its training finished, and the attempt would be judged a failure. Seen
     with a plain DDP loop and no clusterctl code in it, once a starved CPU
-    let the script end first (bench: 5 aborts in 20 processes with the GIL
-    never handed over; none with this pause). A sleep releases the GIL at
-    once, so the threads waiting for it finish first.
+    let the script end first (bench/exit_race.py: 6 aborts in 20 processes
+    with the GIL never handed over; none with this pause). A sleep releases
+    the GIL at once, so the threads waiting for it finish first.
     """
     if "torch" in sys.modules:
         time.sleep(SETTLE_S)
