@@ -63,7 +63,8 @@ def _records(text: str, source: str) -> list[tuple[int, list[tuple[str, str]]]]:
     return out
 
 
-def _hostlist(expr: str, source: str, path: str, line: int) -> list[str]:
+def hostlist_names(expr: str, source: str, path: str, line: int | None = None) -> list[str]:
+    """The names of a hostlist a Slurm file gives at `path` (its line, when it has lines); ConfigError when it is none."""
     try:
         names = hostlist.expand(expr)
     except hostlist.HostlistError as exc:
@@ -208,7 +209,7 @@ def parse_topology_conf(text: str, source: str = "topology.conf") -> SlurmTopolo
         lines_of[name] = line
         for key in ("nodes", "switches"):
             if key in entry:
-                _hostlist(entry[key], source, key.capitalize(), line)
+                hostlist_names(entry[key], source, key.capitalize(), line)
         if first == "switchname":
             if not entry.get("nodes") and not entry.get("switches"):
                 raise ConfigError(source, [Problem(name, OMIT, "expected Nodes= or Switches= under the switch", line)])
@@ -226,7 +227,7 @@ def parse_topology_conf(text: str, source: str = "topology.conf") -> SlurmTopolo
     names = set(lines_of)
     for sw in switches:
         if sw.get("switches"):
-            unknown = [c for c in hostlist.expand(sw["switches"]) if c not in names]
+            unknown = unknown_switches(sw["switches"], names)
             if unknown:
                 raise ConfigError(
                     source,
@@ -242,6 +243,11 @@ def parse_topology_conf(text: str, source: str = "topology.conf") -> SlurmTopolo
     if switches:
         return SlurmTopology("tree", switches=tuple(switches))
     return SlurmTopology("block", blocks=tuple(blocks), block_sizes=tuple(sizes))
+
+
+def unknown_switches(expr: str, names: set[str]) -> list[str]:
+    """The switches a switch's list of children names that the topology does not define."""
+    return [c for c in hostlist.expand(expr) if c not in names]
 
 
 # --- gres.conf ---------------------------------------------------------------------------
@@ -294,7 +300,7 @@ def parse_gres_conf(text: str, source: str = "gres.conf") -> GresConf:
                 warnings.append(f"{source} line {line}: key {written}={value} is not read by the importer")
         node_expr = keys.get("nodename", (None, None))[1]
         if node_expr is not None:
-            _hostlist(node_expr, source, "NodeName", line)
+            hostlist_names(node_expr, source, "NodeName", line)
         group = groups.setdefault(node_expr, GresNodes(node_expr))
         if "autodetect" in keys:
             value = keys["autodetect"][1].lower()
@@ -321,7 +327,7 @@ def parse_gres_conf(text: str, source: str = "gres.conf") -> GresConf:
         if file_key is not None:
             written, expr = keys[file_key]
             indices = []
-            for path in _hostlist(expr, source, written, line):
+            for path in hostlist_names(expr, source, written, line):
                 match = _TRAILING_NUMBER.search(path)
                 if not match:
                     raise ConfigError(

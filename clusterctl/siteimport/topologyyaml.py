@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from clusterctl.errors import OMIT, ConfigError, Problem
-from clusterctl.siteimport.slurmconf import SlurmTopology
+from clusterctl.siteimport.slurmconf import SlurmTopology, hostlist_names, unknown_switches
 from clusterctl.syntax import hostlist
 
 _START = re.compile(r"^\s*-\s*topology\s*:", re.M)
@@ -118,16 +118,6 @@ def _items(body: dict[str, Any], key: str, allowed: tuple[str, ...], where: str,
     return out
 
 
-def _hostlist(expr: str, at: str, source: str) -> str:
-    try:
-        names = hostlist.expand(expr)
-    except hostlist.HostlistError as exc:
-        raise _fail(source, at, expr, f"expected a Slurm hostlist such as node[01-16] ({exc})") from None
-    if not names:
-        raise _fail(source, at, expr, "expected at least one name")
-    return expr
-
-
 def _unique(items: list[dict[str, str]], key: str, at: str, source: str) -> None:
     seen: set[str] = set()
     for item in items:
@@ -149,7 +139,8 @@ def _blocks(body: dict[str, Any], where: str, source: str) -> SlurmTopology:
     for pos, item in enumerate(items):
         if not item.get("nodes"):
             raise _fail(source, f"{where}.blocks[{pos}].nodes", OMIT, "expected the block's nodes")
-        blocks.append({"name": item["block"], "nodes": _hostlist(item["nodes"], f"{where}.blocks[{pos}].nodes", source)})
+        hostlist_names(item["nodes"], source, f"{where}.blocks[{pos}].nodes")
+        blocks.append({"name": item["block"], "nodes": item["nodes"]})
     return SlurmTopology("block", blocks=tuple(blocks), block_sizes=tuple(sizes))
 
 
@@ -165,10 +156,11 @@ def _tree(body: dict[str, Any], where: str, source: str) -> SlurmTopology:
         at = f"{where}.switches[{pos}]"
         entry = {"name": item["switch"]}
         if item.get("nodes"):
-            entry["nodes"] = _hostlist(item["nodes"], f"{at}.nodes", source)
+            hostlist_names(item["nodes"], source, f"{at}.nodes")
+            entry["nodes"] = item["nodes"]
         if item.get("children"):
-            children = hostlist.expand(_hostlist(item["children"], f"{at}.children", source))
-            unknown_children = [c for c in children if c not in names]
+            hostlist_names(item["children"], source, f"{at}.children")
+            unknown_children = unknown_switches(item["children"], names)
             if unknown_children:
                 raise _fail(source, f"{at}.children", item["children"], (
                     f"unknown switch {hostlist.compress(unknown_children)}; expected switches this topology names"))
