@@ -96,8 +96,9 @@ def _cell(text: str) -> str:
 
 
 def markdown(model: type[BaseModel], title: str, intro: str) -> str:
-    """A page: the intro, then one table row per field."""
+    """A page: the intro, then one table row per field. The page has one heading, so the table of contents
+    is hidden (front matter) and the table gets its width."""
     rows = ["| field | type | default | allowed | description |", "|---|---|---|---|---|"]
     for f in fields(model):
         rows.append(f"| `{f.path}` | {_cell(f.kind)} | {_cell(f.default)} | {_cell(f.allowed)} | {_cell(f.description)} |")
-    return f"# {title}\n\n{intro}\n\n" + "\n".join(rows) + "\n"
+    return f"---\nhide:\n  - toc\n---\n\n# {title}\n\n{intro}\n\n" + "\n".join(rows) + "\n"
