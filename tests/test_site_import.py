@@ -417,6 +417,24 @@ def test_topology_tree_gives_nodes_and_switches(tmp_path: Path) -> None:
     }
 
 
+@pytest.fixture(autouse=True)
+def _no_local_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Imports do not depend on whether this machine's scontrol answers (the test cluster may be up)."""
+    monkeypatch.setattr("clusterctl.siteimport.probe.slurm_release", lambda: None)
+
+
+def test_blocks_get_a_slurm_release_and_a_segment_size(tmp_path: Path) -> None:
+    args = ("--topo", fixture("gh200_aerial-cubb-system-checks.txt"),
+            "--topology-conf", fixture("topology-block_slurm-manpage.conf"))
+    data, _, err = imported(tmp_path, *args, "--slurm-version", "25.05")
+    assert (data["slurm_version"], data["topology"]["segment_size"]) == ("25.05", 30)  # the smallest BlockSizes entry
+    assert "slurm_version" not in err
+    data, _, err = imported(tmp_path, *args)  # scontrol does not answer here: the first release with --segment
+    assert data["slurm_version"] == "24.05" and "pass --slurm-version" in " ".join(err.split())
+    bad = cli("site", "import", *args, "--slurm-version", "24.1x")
+    assert bad.exit_code == 2 and "--slurm-version" in bad.output and "24.05" in bad.output
+
+
 def test_topology_blocks(tmp_path: Path) -> None:
     data, _, _ = imported(
         tmp_path, "--topo", fixture("gh200_aerial-cubb-system-checks.txt"),

@@ -147,3 +147,14 @@ def test_probe_with_a_broken_driver(tmp_path: Path) -> None:
 
 def test_probe_without_devices(tmp_path: Path) -> None:
     no_gpu(tmp_path, fake_smi(tmp_path, "none"), "lists no device")
+
+
+def test_this_machines_slurm_release_is_read_from_scontrol() -> None:
+    from subprocess import CompletedProcess
+
+    from clusterctl.siteimport import probe
+
+    answer = lambda out, code: lambda *a, **k: CompletedProcess(a, code, out, "")  # noqa: E731
+    assert probe.slurm_release(answer("slurm 24.05.3\n", 0)) == "24.05"
+    assert probe.slurm_release(answer("slurm-wlm 22.05.8\n", 0)) == "22.05"
+    assert probe.slurm_release(answer("", 1)) is None  # no configuration to reach: scontrol fails

@@ -102,6 +102,27 @@ def _groups(plan: Plan) -> Table:
     return table
 
 
+def _segments(plan: Plan) -> Table | None:
+    """On a block site: the segments Slurm is asked for, and which groups stay inside an NVLink domain."""
+    seg = plan.segments
+    if seg is None:
+        return None
+    table = Table(title="NVLink domains (blocks)", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    spare = f" + {seg.spares_each} spare" if seg.spares_each else ""
+    how = f"sbatch --segment={seg.sbatch_size}" if seg.rendered else f"no --segment: Slurm {plan.site.slurm_version} lacks it"
+    table.add_row("segments", f"{seg.count} x ({seg.size} nodes{spare}), each inside one block ({how})")
+    kept = ", ".join(f"{kind} ({nodes} node{'s' if nodes > 1 else ''} each)" for kind, nodes in seg.spans.items())
+    table.add_row("kept inside", kept or "none (topology.segment asked)")
+    if seg.inside:
+        table.add_row("also inside", ", ".join(seg.inside))
+    table.add_row("across domains", ", ".join(seg.crossing) or "none")
+    if seg.spares_each:
+        table.add_row("spares", "a spare replaces a node of its own block only")
+    return table
+
+
 def _rails(plan: Plan) -> Table:
     table = Table(title="Data-parallel traffic by rail", title_justify="left")
     table.add_column("rails used")
@@ -202,7 +223,9 @@ RESERVE_NOTE = "10% kept free for CUDA context, NCCL buffers and fragmentation"
 
 
 def render_plan(plan: Plan, console: Console) -> None:
-    parts = [_summary(plan), _rank_map(plan), _groups(plan), _rails(plan), _batch(plan), _memory(plan), _checkpoint(plan)]
+    parts = [_summary(plan), _rank_map(plan), _groups(plan), _segments(plan), _rails(plan), _batch(plan), _memory(plan),
+             _checkpoint(plan)]
+    parts = [part for part in parts if part is not None]
     console.print(Group(*parts))
     verdict = verdict_line(plan)
     if verdict is not None:

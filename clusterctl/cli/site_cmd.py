@@ -101,6 +101,11 @@ def import_(
         Optional[int],
         typer.Option("--smt-offset", min=1, help="gres.conf Cores=: core c's second thread is CPU c+N"),
     ] = None,
+    slurm_version: Annotated[
+        Optional[str],
+        typer.Option("--slurm-version", metavar="RELEASE", help="the cluster's Slurm release, e.g. 24.05 (default: this"
+                     " machine's `scontrol --version`; else 24.05 for a topology with blocks)"),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="print the rail map as JSON (gpu, numa, cpus, nics per GPU) instead of YAML")
     ] = False,
@@ -118,6 +123,8 @@ def import_(
     from clusterctl.siteimport.build import ImportOptions, rail_map, to_yaml
     from clusterctl.siteimport.importer import import_site
     from clusterctl.siteimport.probe import probe as probe_node
+    from clusterctl.siteimport.probe import slurm_release
+    from clusterctl.syntax.slurmrelease import parse_site_release
 
     if probe and topo is not None:
         raise typer.BadParameter("give either --probe (read this node) or --topo FILE (saved output), not both")
@@ -125,7 +132,13 @@ def import_(
         raise typer.BadParameter(
             "expected --topo FILE (saved `nvidia-smi topo -m`), --probe (on a compute node), or --gres-conf FILE"
         )
+    if slurm_version is not None:
+        try:
+            slurm_version = parse_site_release(slurm_version)
+        except ValueError as exc:
+            raise typer.BadParameter(f"got {slurm_version!r}; {exc}", param_hint="--slurm-version") from None
     opts = ImportOptions(
+        slurm_version=slurm_version if slurm_version is not None else slurm_release(),
         name=name,
         nodes=nodes,
         partition=partition,

@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from clusterctl.config.problems import validate_located
 from clusterctl.config.shipped import shipped_dir
@@ -33,6 +33,7 @@ from clusterctl.config.yamlload import Located, load_yaml
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.cpulist import parse_cpulist
+from clusterctl.syntax.slurmrelease import Release, major_minor, parse_site_release
 from clusterctl.syntax.units import parse_duration
 
 DEFAULT_SITE = "local"
@@ -139,6 +140,26 @@ class Topology(Section):
     block_sizes: list[PositiveInt] = Field(
         default_factory=list, description="topology.conf BlockSizes: the allocation sizes a block serves"
     )
+    segment_size: PositiveInt | None = Field(
+        None,
+        description="the most nodes of one block a job may use as one segment (sbatch --segment); below the block's"
+        " size to keep trays free as the operator's spares (e.g. 16 of 18); default: the smallest block_sizes entry,"
+        " else the smallest block",
+    )
+
+    @property
+    def usable_segment(self) -> int | None:
+        """Nodes a segment may have at most: segment_size, else the smallest BlockSizes entry, else the smallest block."""
+        if self.segment_size is not None:
+            return self.segment_size
+        if self.block_sizes:
+            return min(self.block_sizes)
+        sizes = [hostlist.count(b.nodes) for b in self.blocks if hostlist.is_valid(b.nodes)]
+        return min(sizes) if sizes else None
+
+    def block_of(self) -> dict[str, str]:
+        """Node name -> its block's name (an NVLink domain spanning nodes)."""
+        return {node: b.name for b in self.blocks if hostlist.is_valid(b.nodes) for node in hostlist.expand(b.nodes)}
 
 
 class Network(Section):
@@ -224,6 +245,12 @@ class Site(Section):
     partitions: dict[str, Partition] = Field(min_length=1, description="the Slurm partitions jobs may use, by name")
     node_types: dict[str, NodeType] = Field(min_length=1, description="the kinds of GPU node, by name")
     topology: Topology = Field(default_factory=Topology, description="the network's shape as Slurm's topology plugin sees it")
+    slurm_version: Annotated[str, BeforeValidator(parse_site_release)] | None = Field(
+        None,
+        description='the cluster\'s Slurm release, quoted ("24.05"; what `scontrol --version` prints): which sbatch and'
+        " srun options a script may carry (--segment from 24.05, --gres-flags=allow-task-sharing from 23.11);"
+        " unknown: --segment is rendered, options it only improves are not",
+    )
     network: Network = Field(default_factory=Network, description="how ranks reach each other: interface, addresses, ports")
     env: dict[str, EnvValue] = Field(default_factory=dict, description="environment for every rank (NCCL/UCX)")
     modules: list[Annotated[str, Field(pattern=MODULE_NAME.pattern)]] = Field(
@@ -256,6 +283,13 @@ class Site(Section):
 
     def node_type_of(self, partition: str) -> NodeType:
         return self.node_types[self.partitions[partition].node_type]
+
+    def slurm_has(self, since: Release, unknown: bool) -> bool:
+        """Whether the site's Slurm is at least `since`; `unknown` when the site does not say."""
+        if self.slurm_version is None:
+            return unknown
+        release = major_minor(self.slurm_version)
+        return release is not None and release >= since
 
 
 # --- semantic checks -----------------------------------------------------------
@@ -353,6 +387,15 @@ def site_warnings(site: Site) -> list[str]:
                     f"node_types.{name}.nics.{nic}: shared by GPUs on different NUMA nodes ({by_numa});"
                     " the traffic of GPUs on a NUMA node other than the NIC's crosses the interconnect between them"
                 )
+    topo = site.topology
+    usable = topo.usable_segment
+    small = [b.name for b in topo.blocks if usable and hostlist.is_valid(b.nodes) and hostlist.count(b.nodes) < usable]
+    if small:
+        warnings.append(
+            f"topology.blocks: {len(small)} block(s) ({', '.join(small[:8])}{', ...' if len(small) > 8 else ''}) have fewer"
+            f" nodes than a segment of {usable} (topology.segment_size or the smallest block_sizes entry): no segment"
+            " that size is placed there"
+        )
     if "NCCL_CROSS_NIC" not in site.env:
         railed = [name for name, nt in site.node_types.items() if rail_optimized(nt)]
         if railed:
@@ -419,6 +462,28 @@ def _topology_problems(site: Site) -> list[Problem]:
         problems.append(Problem("topology.switches", [], "expected switches for a tree topology"))
     if topo.kind == "block" and not topo.blocks:
         problems.append(Problem("topology.blocks", [], "expected blocks for a block topology"))
+    return problems + _block_problems(topo)
+
+
+def _block_problems(topo: Topology) -> list[Problem]:
+    """Blocks are NVLink domains: a node in two of them, or a segment no block can hold, is a mistake."""
+    problems: list[Problem] = []
+    if topo.segment_size is not None and topo.kind != "block":
+        problems.append(Problem("topology.segment_size", topo.segment_size,
+                                f"segments need a block topology (topology.kind: block); this one is {topo.kind}"))
+    seen: dict[str, str] = {}
+    for pos, block in enumerate(topo.blocks):
+        if not hostlist.is_valid(block.nodes):
+            continue  # reported with the unknown nodes
+        twice = [n for n in hostlist.expand(block.nodes) if n in seen]
+        if twice:
+            problems.append(Problem(f"topology.blocks[{pos}].nodes", block.nodes,
+                                    f"{hostlist.compress(twice)} already in block {seen[twice[0]]}; expected each node in one block"))
+        seen.update((n, block.name) for n in hostlist.expand(block.nodes))
+    sizes = [hostlist.count(b.nodes) for b in topo.blocks if hostlist.is_valid(b.nodes)]
+    if topo.segment_size is not None and sizes and topo.segment_size > max(sizes):
+        problems.append(Problem("topology.segment_size", topo.segment_size,
+                                f"the largest block has {max(sizes)} nodes; expected a segment that fits in one block"))
     return problems
 
 

@@ -234,6 +234,16 @@ class Topology(Section):
     )
     tp_in_nvlink: bool = Field(True, description="require each tensor-parallel group inside one NVLink domain")
     tp_cp_in_nvlink: bool = Field(False, description="also require each tp*cp group inside one NVLink domain")
+    ep_in_nvlink: bool = Field(False, description="also require each expert-parallel group inside one NVLink domain")
+    segment: PositiveInt | None = Field(
+        None,
+        description="nodes per segment on a block site (sbatch --segment: each segment in one block, an NVLink domain);"
+        " default: the smallest multiple of an NVLink-bound group's nodes that divides the job's nodes and fits the"
+        " site's segment_size",
+    )
+    exclusive_topo: bool = Field(
+        False, description="sbatch --exclusive=topo: no other job in the blocks this one uses (Slurm 24.05 or later)"
+    )
 
 
 def _interval(value: Any) -> int | str:

@@ -16,6 +16,7 @@ from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
 from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
+from clusterctl.plan.segments import BOUND, Segments, bound_kinds, plan_segments
 from clusterctl.plan.suspects import SuspectChoice, choose_suspects, excluding
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
 from clusterctl.rundir import secretenv
@@ -55,6 +56,7 @@ class Plan:
     checkpoint: IntervalAdvice | None = None
     warnings: list[str] = field(default_factory=list)
     suspects: SuspectChoice = field(default_factory=SuspectChoice)  # suspect nodes left out (in spec.topology.exclude)
+    segments: Segments | None = None  # on a block site: the segments that keep NVLink-bound groups in one block
 
     @property
     def world_size(self) -> int:
@@ -110,6 +112,7 @@ class Plan:
             "dp_rails": self.dp_rails,
             "memory": self.memory.as_dict() if self.memory else None,
             "checkpoint": self.checkpoint.as_dict() if self.checkpoint else None,
+            "segments": self.segments.as_dict() if self.segments else None,
             "warnings": self.warnings,
         }
 
@@ -148,7 +151,9 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
         # `nodes: 100000000` is refused in milliseconds, not after gigabytes of groups.
         raise ConfigError(source, problems)
     groups = {kind: layout.groups(kind) for kind in GROUP_KINDS}
-    problems += _nvlink_problems(spec, node_type, dims, groups)
+    problems += _nvlink_problems(spec, site, node_type, dims, groups)
+    segments, segment_problems = plan_segments(spec, site, dims.gpus_per_node, dims.nodes, groups, warnings)
+    problems += segment_problems
     if problems:
         raise ConfigError(source, problems)
     assert isinstance(batch, BatchPlan)
@@ -182,6 +187,7 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
         dp_rails=dp_rails,
         warnings=warnings,
         suspects=choice,
+        segments=segments,
     )
 
 
@@ -378,28 +384,26 @@ def _domain_of(rank: int, gpn: int, gpus_per_node_type: int, domain: int) -> int
 
 
 def _nvlink_problems(
-    spec: JobSpec, node_type: NodeType, dims: Dims, groups: dict[str, list[list[int]]]
+    spec: JobSpec, site: Site, node_type: NodeType, dims: Dims, groups: dict[str, list[list[int]]]
 ) -> list[Problem]:
-    checks = []
-    if spec.topology.tp_in_nvlink:
-        checks.append(("tp", "parallel.tp", dims.layout.tp))
-    if spec.topology.tp_cp_in_nvlink:
-        checks.append(("tp_cp", "parallel.cp", dims.layout.tp * dims.layout.cp))
-    problems = []
+    """NVLink-bound groups that would leave their domain, where domains are numbered rank by rank. On a block site
+    whose domains span nodes, the segments keep groups whole instead (plan/segments.py)."""
     gpn, per_type, domain = dims.gpus_per_node, len(node_type.gpus), node_type.nvlink_domain
-    for kind, path, size in checks:
+    if site.topology.kind == "block" and domain > per_type:
+        return []
+    problems = []
+    for kind in bound_kinds(spec):
+        flag, path, label = BOUND[kind]
         for group in groups[kind]:
             first = _domain_of(group[0], gpn, per_type, domain)
             if any(_domain_of(r, gpn, per_type, domain) != first for r in group):
-                label = "tp" if kind == "tp" else "tp*cp"
                 problems.append(
                     Problem(
                         path,
                         getattr(dims.layout, path.split(".")[1]),
-                        f"{label} = {size} must fit inside one NVLink domain of {domain} GPUs "
+                        f"{label} = {len(group)} must fit inside one NVLink domain of {domain} GPUs "
                         f"({node_type.gpu_model}); e.g. ranks {group[0]}..{group[-1]} would span domains."
-                        f" Use {label} <= {min(domain, gpn)} dividing it, or set topology."
-                        f"{'tp_in_nvlink' if kind == 'tp' else 'tp_cp_in_nvlink'}: false",
+                        f" Use {label} <= {min(domain, gpn)} dividing it, or set topology.{flag}: false",
                     )
                 )
                 break

@@ -170,11 +170,12 @@ def render_run(
         "nodes_alloc": plan.nodes_allocated,
         "gres": site.gres,
         "cpus_per_task": cpus_per_task,
-        "exclusive": not site.oversubscribe,
+        "exclusive": "topo" if spec.topology.exclusive_topo else ("node" if not site.oversubscribe else ""),
         "oversubscribe": site.oversubscribe,
         "time": format_slurm_time(spec.time_limit),
         "switches": spec.topology.switches,
         "switch_wait": format_slurm_time(spec.topology.switch_wait) if spec.topology.switch_wait else None,
+        "segment": plan.segments.sbatch_size if plan.segments and plan.segments.rendered else None,
         "constraint": "&".join(spec.topology.features) or None,
         "exclude": ",".join(spec.topology.exclude) or None,
         "signal": spec.signal.name,
@@ -290,6 +291,9 @@ def build_run_json(
         nodes=plan.nodes,
         spares=spec.spares,
         exclude=tuple(node for expr in spec.topology.exclude for node in hostlist.expand(expr)),
+        segment_nodes=plan.segments.size if plan.segments else 0,
+        segment_spares=plan.segments.spares_each if plan.segments else 0,
+        domains=_partition_blocks(plan) if plan.segments else {},
         gpus_per_node=plan.gpus_per_node,
         parallel=Parallel(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.dp, pp=layout.pp, vpp=plan.dims.vpp),
         node_type=NodeTypeRecord(
@@ -337,3 +341,15 @@ def build_run_json(
         preflight=PreflightRecord(checks=tuple(spec.preflight.checks), timeout=spec.preflight.timeout),
         exit_codes={c.name: int(c) for c in ExitCode},
     )
+
+
+def _partition_blocks(plan: Plan) -> dict[str, str]:
+    """The blocks holding the partition's nodes, each as a hostlist of those nodes (small at any scale)."""
+    part = plan.site.partitions[plan.partition].nodes
+    members = set(hostlist.expand(part)) if part else None
+    out = {}
+    for block in plan.site.topology.blocks:
+        nodes = [n for n in hostlist.expand(block.nodes) if members is None or n in members]
+        if nodes:
+            out[block.name] = hostlist.compress(nodes)
+    return out

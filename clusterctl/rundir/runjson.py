@@ -125,6 +125,9 @@ class RunJson:
     nodes: int = 0
     spares: int = 0
     exclude: tuple[str, ...] = ()  # nodes the spec excludes (expanded)
+    segment_nodes: int = 0  # a block site's segment: rank nodes per segment (0: no segment)
+    segment_spares: int = 0  # spares per segment: a spare replaces a node of its own block
+    domains: dict[str, str] = field(default_factory=dict)  # block name -> hostlist of its nodes (NVLink domains), with segments
     gpus_per_node: int = 0
     parallel: Parallel = Parallel()
     rank_order: str = "tp-cp-ep-dp-pp"  # the order of the dimensions in the rank, fastest first (Megatron-Core's)
@@ -223,3 +226,10 @@ def _load(cls: type, data: Any) -> Any:
         else:
             values[f.name] = value
     return cls(**values)
+
+
+def host_domains(record: RunJson) -> dict[str, str]:
+    """Node name -> its NVLink domain (block), from the record's hostlists."""
+    from clusterctl.syntax import hostlist
+
+    return {node: name for name, nodes in record.domains.items() for node in hostlist.expand(nodes)}

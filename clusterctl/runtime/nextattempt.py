@@ -32,7 +32,16 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, history, runjson
 from clusterctl.rundir import verdict as verdictfile
-from clusterctl.runtime.recovery import Decision, Ended, Policy, Situation, SlurmEnd, decide, pick_hosts
+from clusterctl.runtime.recovery import (
+    Decision,
+    Ended,
+    Policy,
+    Situation,
+    SlurmEnd,
+    decide,
+    pick_hosts,
+    place_in_domains,
+)
 from clusterctl.syntax import hostlist
 
 SLURM_TIMEOUT_S = 20.0  # one sbatch / scontrol call
@@ -184,7 +193,15 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
     _close_open_attempt(run, told, job_id)
     exclude = told.avoided(run_json.exclude)
     alloc = allocation(env)
-    picked = pick_hosts(tuple(alloc[:nodes]), tuple(alloc), set(exclude), nodes) if alloc else None
+    domain = runjson.host_domains(run_json)
+    first = alloc[:nodes]
+    if domain and run_json.segment_nodes and alloc:
+        placed = place_in_domains(tuple(alloc), nodes, domain, run_json.segment_nodes, run_json.segment_spares)
+        if placed is None:
+            log(f"the allocation does not hold whole segments of {run_json.segment_nodes} nodes in its blocks:"
+                f" ranks go on its first {nodes} nodes, and a group that spans two NVLink domains is refused at start")
+        first = placed or first
+    picked = pick_hosts(tuple(first), tuple(alloc), set(exclude), nodes, domain) if alloc else None
     if picked is None and alloc:
         bad = sorted(set(alloc) & set(exclude))
         why = f"this job's nodes include {', '.join(bad)}, which the run avoids, and too few spares are left"
@@ -222,6 +239,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
         tuple(told.avoided(run_json.exclude)), slurm_end(job_id, bool(args.signal), env), cancelled_by(run),
+        runjson.host_domains(run_json),
     )
     decision = decide(ended, situation, Policy.from_run(run_json))
     history.append(run, history.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,

@@ -24,6 +24,7 @@ exit-code table in the reference (clusterctl/exitcodes.py):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -76,6 +77,7 @@ class Situation:
     excluded: tuple[str, ...] = ()  # nodes the run already avoids (earlier culprits, the spec's, the user's)
     slurm_end: SlurmEnd = "running"
     cancel_by: str = ""  # who asked the run to stop (rundir.CANCEL), e.g. "clusterctl cancel"
+    domain: Mapping[str, str] = field(default_factory=dict)  # node -> NVLink domain (block sites with segments)
 
 
 @dataclass
@@ -102,9 +104,12 @@ def blamed(ended: Ended, faults: tuple[Fault, ...]) -> list[str]:
     return []
 
 
-def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: set[str], nodes: int) -> tuple[list[str], dict[str, str]] | None:
+def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: set[str], nodes: int,
+               domain: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]] | None:
     """`nodes` healthy nodes of the allocation, spares in place of the avoided ones, in the allocation's
-    order: srun's block distribution places ranks on a --nodelist in that order, whatever the list says."""
+    order: srun's block distribution places ranks on a --nodelist in that order, whatever the list says.
+    With `domain` (node -> NVLink domain, on a block site), a spare replaces a node of its own domain only:
+    a spare from another rack would split the groups the segment keeps together."""
     current = list(rank_hosts[:nodes]) or list(allocation[:nodes])
     spares = [h for h in allocation if h not in avoid and h not in current]
     picked: list[str] = []
@@ -112,17 +117,35 @@ def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: 
     for host in current:
         if host not in avoid:
             picked.append(host)
-        elif spares:
-            replaced[host] = spares.pop(0)
-            picked.append(replaced[host])
-        else:
+            continue
+        same = [h for h in spares if not domain or domain.get(h) == domain.get(host)]
+        if not same:
             return None
+        spares.remove(same[0])
+        replaced[host] = same[0]
+        picked.append(same[0])
     while len(picked) < nodes:  # the ended attempt ran on fewer nodes (it never started)
         if not spares:
             return None
         picked.append(spares.pop(0))
     order = {h: i for i, h in enumerate(allocation)}
     return sorted(picked, key=lambda h: order.get(h, len(order))), replaced
+
+
+def place_in_domains(allocation: tuple[str, ...], nodes: int, domain: Mapping[str, str], per_segment: int,
+                     spares_each: int) -> list[str] | None:
+    """The first attempt's rank nodes on a block site: in each domain, the rank nodes of the segments Slurm put
+    there, the rest its spares. None when the allocation does not hold whole segments in its domains (Slurm placed
+    the job otherwise, e.g. a release without --segment)."""
+    by_domain: dict[str, list[str]] = {}
+    for host in allocation:
+        by_domain.setdefault(domain.get(host, ""), []).append(host)
+    picked = [h for name, hosts in by_domain.items() if name
+              for h in hosts[:len(hosts) // (per_segment + spares_each) * per_segment]]
+    if len(picked) != nodes:
+        return None
+    order = {h: i for i, h in enumerate(allocation)}
+    return sorted(picked, key=order.__getitem__)
 
 
 def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
@@ -169,7 +192,7 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
         f.code == ExitCode.RENDEZVOUS_FAILED and f.job_id == s.job_id for f in s.faults
     )
     if policy.in_allocation and not rendezvous_again:
-        picked = pick_hosts(s.rank_hosts, s.allocation, set(exclude), s.nodes)
+        picked = pick_hosts(s.rank_hosts, s.allocation, set(exclude), s.nodes, s.domain)
         if picked is not None:
             hosts, replaced = picked
             how = ", ".join(f"{a} -> {b}" for a, b in replaced.items())

@@ -40,6 +40,7 @@ from clusterctl.siteimport.nvsmi import LEVEL_RANK, Topo
 from clusterctl.siteimport.slurmconf import GresNodes, gres_nvlink_domain
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.cpulist import format_cpulist
+from clusterctl.syntax.slurmrelease import SEGMENT, release_name
 
 NEAR = LEVEL_RANK["PHB"]
 
@@ -121,6 +122,7 @@ class ImportOptions:
     exclude_nics: list[str] = field(default_factory=list)
     extra_nics: list[str] = field(default_factory=list)
     smt_offset: int | None = None
+    slurm_version: str | None = None  # the cluster's release ("24.05"): --slurm-version, else this machine's scontrol
 
 
 # --- facts from each source ------------------------------------------------------------
@@ -459,12 +461,20 @@ def build_site(
     if all("nodes" not in p for p in partitions.values()):
         warnings.append("the partition lists no nodes: pass --nodes 'gpu-[001-016]' (or --topology-conf / --gres-conf)")
 
+    blocks = bool(topology and topology.get("kind") == "block")
+    slurm_version = opts.slurm_version
+    if slurm_version is None and blocks:
+        slurm_version = release_name(SEGMENT)
+        warnings.append(f"slurm_version is set to {slurm_version}, the first release with --segment (the topology has"
+                        " blocks and scontrol did not answer here): pass --slurm-version with the cluster's release")
     data: dict[str, Any] = {
         "name": opts.name or default_site_name(next((p.get("nodes") for p in partitions.values() if p.get("nodes")), None)),
         "description": "imported from " + ", ".join(sources),
         "partitions": partitions,
         "node_types": types,
     }
+    if slurm_version is not None:
+        data["slurm_version"] = slurm_version
     if topology:
         data["topology"] = topology
     interface = opts.interface or interface_guess
@@ -487,6 +497,9 @@ def build_site(
         env["NCCL_CROSS_NIC"] = 0
     if not env:
         del data["env"]
+    site = _validated(data)
+    if blocks and site.topology.usable_segment is not None:
+        topology["segment_size"] = site.topology.usable_segment  # written out, for the admin to lower (16 of 18)
     site = _validated(data)
     problems = site_problems(site)
     if problems:

@@ -35,8 +35,10 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.siteimport.build import NicFacts, NodeFacts, facts_from_topo, guess_kind
 from clusterctl.siteimport.nvsmi import parse_topo
 from clusterctl.syntax.cpulist import parse_cpulist
+from clusterctl.syntax.slurmrelease import major_minor, release_name
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+SCONTROL_TIMEOUT_S = 10.0
 QUERY = ["--query-gpu=index,name,memory.total,pci.bus_id", "--format=csv,noheader,nounits"]
 
 
@@ -201,3 +203,14 @@ def probe(
         facts.warnings.append(f"{name} is not in nvidia-smi's matrix; its distance to each GPU is taken from NUMA nodes")
     facts.interface = default_route_interface(root)
     return facts
+
+
+def slurm_release(run: Runner = subprocess.run) -> str | None:
+    """This machine's Slurm release from `scontrol --version` ("24.05"), or None when it does not answer
+    (no Slurm here, or no configuration it can reach: scontrol then exits non-zero)."""
+    try:
+        done = run(["scontrol", "--version"], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    release = major_minor(done.stdout) if done.returncode == 0 else None
+    return release_name(release) if release else None

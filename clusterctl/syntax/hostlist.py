@@ -169,6 +169,15 @@ def count(expr: str) -> int:
     return sum(_item_count(item) for item in _parse(expr))
 
 
+def is_valid(expr: str) -> bool:
+    """Whether `expr` parses as a hostlist (the error itself is reported where the field is checked)."""
+    try:
+        _parse(expr)
+    except HostlistError:
+        return False
+    return True
+
+
 def _expand_pattern(pattern: _Pattern) -> list[str]:
     texts, groups = pattern
     if len(groups) == 1:

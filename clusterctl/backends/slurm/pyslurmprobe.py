@@ -18,17 +18,17 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
+from clusterctl.syntax.slurmrelease import major_minor
+
 DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
 PROBE_TIMEOUT_S = 30.0
 INSTALL_HINT = "pip install ../shared/vendor/pyslurm/pyslurm-22.5.3-*.whl (the `pyslurm` extra; see docs/admin/pyslurm.md)"
-_VERSION = re.compile(r"(\d+)\.(\d+)")
 
 loaded_conf: str | None = None
 """The slurm.conf pyslurm was imported with in this process (set by pyslurmquery)."""
@@ -46,12 +46,6 @@ def installed_version() -> str | None:
         return metadata.version("pyslurm")
     except metadata.PackageNotFoundError:
         return None
-
-
-def major_minor(version: str) -> tuple[int, int] | None:
-    """'22.5.3' and 'slurm-wlm 22.05.8' both as (22, 5)."""
-    found = _VERSION.search(version)
-    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def problem() -> str | None:

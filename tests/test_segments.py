@@ -1,0 +1,167 @@
+"""NVL72 racks: segments that keep NVLink-bound groups inside one block, rendered for the site's Slurm, and
+spares that replace a node of their own rack. Pure: plans, rendered scripts, the site's checks, the recovery
+step's choice of nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import REPO, cli
+
+from clusterctl.config.site import Site, load_site, site_problems, site_warnings
+from clusterctl.config.spec import JobSpec
+from clusterctl.errors import ConfigError
+from clusterctl.plan import make_plan
+from clusterctl.render.scripts import Rendered, render_run
+from clusterctl.rundir.runjson import RunJson, host_domains
+from clusterctl.runtime.recovery import pick_hosts, place_in_domains
+
+NVL72 = REPO / "site-configs" / "gb200-nvl72.yaml"
+MOE = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 32000, "experts": 16}
+
+
+def nvl72(**changes: Any) -> Site:
+    data = yaml.safe_load(NVL72.read_text())
+    for key, value in changes.items():
+        if key.startswith("topology_"):
+            data["topology"][key.removeprefix("topology_")] = value
+        else:
+            data[key] = value
+    return Site.model_validate(data)
+
+
+def spec(**fields: Any) -> JobSpec:
+    base: dict[str, Any] = {"name": "j", "site": "gb200-nvl72", "time_limit": "1h", "command": ["python", "train.py"],
+                            "parallel": {"tp": 8}, "nodes": 32}
+    for key, value in fields.items():
+        if key in ("tp", "pp", "ep", "cp"):
+            base["parallel"][key] = value
+        elif key in ("segment", "exclusive_topo", "ep_in_nvlink"):
+            base.setdefault("topology", {})[key] = value
+        else:
+            base[key] = value
+    return JobSpec.model_validate(base)
+
+
+def refused(job: JobSpec, site: Site) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as info:
+        make_plan(job, site)
+    return [(p.path, p.allowed) for p in info.value.problems]
+
+
+def rendered(job: JobSpec, site: Site, tmp_path: Path) -> Rendered:
+    return render_run(make_plan(job, site), tmp_path / "run", python="/usr/bin/python3")
+
+
+def sbatch(job: JobSpec, site: Site, tmp_path: Path) -> str:
+    return rendered(job, site, tmp_path).files["job.sbatch"]
+
+
+def test_tp8_over_two_trays_asks_for_segments_that_keep_each_group_in_a_rack(tmp_path: Path) -> None:
+    site = nvl72()
+    plan = make_plan(spec(pp=4, spares=4), site)
+    seg = plan.segments
+    assert seg is not None and (seg.size, seg.count, seg.spares_each, seg.sbatch_size) == (8, 4, 1, 9)
+    assert seg.spans == {"tp": 2} and "pp" in seg.crossing and "dp" in seg.inside
+    # every tp group's nodes fall in one segment of 8 rank nodes
+    assert all(len({r // 4 // 8 for r in g}) == 1 for g in plan.groups["tp"])
+    text = sbatch(spec(pp=4, spares=4), site, tmp_path)
+    assert "#SBATCH --segment=9\n" in text and "#SBATCH --nodes=36\n" in text and "#SBATCH --exclusive\n" in text
+    assert plan.as_json()["segments"]["sbatch"] == 9
+
+
+def test_without_spares_the_smallest_segment_is_one_group(tmp_path: Path) -> None:
+    plan = make_plan(spec(), nvl72())
+    assert plan.segments is not None and plan.segments.sbatch_size == 2
+    assert "#SBATCH --exclusive=topo\n" in sbatch(spec(exclusive_topo=True), nvl72(), tmp_path)
+
+
+def test_groups_inside_one_tray_need_no_segment(tmp_path: Path) -> None:
+    plan = make_plan(spec(tp=4), nvl72())
+    assert plan.segments is None
+    assert "--segment" not in sbatch(spec(tp=4), nvl72(), tmp_path)
+
+
+def test_a_segment_that_does_not_divide_the_nodes_is_refused() -> None:
+    problems = refused(spec(segment=5), nvl72())
+    assert problems[0][0] == "topology.segment" and "32 nodes are not a whole number of segments of 5" in problems[0][1]
+    path, allowed = refused(spec(segment=3, nodes=36), nvl72())[0]
+    assert path == "topology.segment" and "a tp group on nodes 2-3 would span two segments of 3" in allowed
+
+
+def test_spares_that_no_segment_can_share_are_refused_with_a_count_that_works() -> None:
+    path, allowed = refused(spec(spares=2), nvl72())[0]
+    assert path == "spares"
+    assert "2 spares cannot be shared evenly by 16 segments" in allowed
+    assert "expected e.g. spares: 4 (segments of 8 nodes with 1 spare each)" in allowed
+    assert make_plan(spec(spares=4), nvl72()).segments is not None
+
+
+def test_a_group_wider_than_a_segment_can_be_is_refused_with_the_numbers() -> None:
+    # tp 8 x ep 16 experts: one ep group (ranks 0, 8, ..., 120) spans 31 trays, two racks
+    job = spec(tp=8, ep=16, ep_in_nvlink=True, model=MOE, nodes=64, spares=0)
+    path, allowed = refused(job, nvl72())[0]
+    assert path == "nodes"
+    assert "an ep group spans 31 nodes" in allowed and "at most 16 nodes (segment_size)" in allowed
+    # ep 16 alone spans 4 trays: segments of 4, each ep group in one rack
+    plan = make_plan(spec(tp=1, ep=16, ep_in_nvlink=True, model=MOE, nodes=16), nvl72())
+    assert plan.segments is not None and plan.segments.size == 4 and plan.segments.spans == {"ep": 4}
+
+
+def test_an_older_slurm_gets_no_segment_option_and_a_warning(tmp_path: Path) -> None:
+    old = nvl72(slurm_version="23.11")
+    plan = make_plan(spec(), old)
+    assert plan.segments is not None and not plan.segments.rendered
+    assert any("no --segment" in w and "refused at start" in w for w in plan.warnings)
+    assert "--segment" not in sbatch(spec(), old, tmp_path)
+    path, allowed = refused(spec(exclusive_topo=True), old)[0]
+    assert path == "topology.exclusive_topo" and "needs Slurm 24.05 or later" in allowed
+    assert make_plan(spec(), nvl72(slurm_version=None)).segments.rendered  # unknown: rendered
+
+
+def test_segments_need_a_block_site() -> None:
+    site, _ = load_site("dgx-h100")
+    job = spec(site="dgx-h100", segment=2, exclusive_topo=True, nodes=4)
+    assert {path for path, _ in refused(job, site)} == {"topology.segment", "topology.exclusive_topo"}
+
+
+def test_the_site_checks_its_blocks_segment_size_and_release() -> None:
+    assert site_problems(nvl72()) == []
+    paths = {p.path: p.allowed for p in site_problems(nvl72(topology_segment_size=20))}
+    assert "a segment that fits in one block" in paths["topology.segment_size"]
+    blocks = yaml.safe_load(NVL72.read_text())["topology"]["blocks"]
+    twice = nvl72(topology_blocks=[*blocks[:3], {"name": "rack4", "nodes": "nvl-[018-035]"}])
+    assert any(p.path == "topology.blocks[3].nodes" and "already in block" in p.allowed for p in site_problems(twice))
+    assert any("fewer nodes than a segment of 20" in w for w in site_warnings(nvl72(topology_segment_size=None,
+                                                                                     topology_block_sizes=[20])))
+    with pytest.raises(ValueError, match="quoted release"):
+        nvl72(slurm_version=24.1)
+
+
+def test_spares_replace_a_node_of_their_own_rack() -> None:
+    # two segments of 2 rank trays + 1 spare, one in each rack; the node list is in name order
+    alloc = ("a1", "a2", "a3", "b1", "b2", "b3")
+    domain = {h: h[0] for h in alloc}
+    first = place_in_domains(alloc, 4, domain, 2, 1)
+    assert first == ["a1", "a2", "b1", "b2"]
+    assert pick_hosts(tuple(first), alloc, {"b1"}, 4, domain) == (["a1", "a2", "b2", "b3"], {"b1": "b3"})
+    assert pick_hosts(tuple(first), alloc, {"b1", "b2"}, 4, domain) is None  # rack b has one spare
+    assert pick_hosts(tuple(first), alloc, {"b1", "b2"}, 4) is not None  # without domains any spare would do
+    assert place_in_domains(("a1", "a2", "b1", "b2", "b3", "b4"), 4, domain, 2, 1) is None  # not whole segments
+
+
+def test_run_json_carries_the_partitions_blocks(tmp_path: Path) -> None:
+    record = RunJson.from_dict(json.loads(rendered(spec(spares=4), nvl72(), tmp_path).files["run.json"]))
+    assert (record.segment_nodes, record.segment_spares) == (8, 1)
+    assert record.domains["rack1"] == "nvl-[001-018]"
+    assert host_domains(record)["nvl-019"] == "rack2"
+
+
+def test_plan_shows_the_segments() -> None:
+    result = cli("plan", REPO / "examples" / "llama-70b-nvl72.yaml")
+    assert result.exit_code == 0, result.output
+    assert "4 x (8 nodes + 1 spare), each inside one block (sbatch --segment=9)" in " ".join(result.stdout.split())
