@@ -47,8 +47,9 @@ DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.NO_PERMISSION: ("permission denied: a run or file of another user that is not shared with you (runs_mode)", "no"),
     ExitCode.RENDEZVOUS_FAILED: ("rendezvous failed", "restarts in the allocation once per job, then in a new job; counted"),
     ExitCode.PREFLIGHT_FAILED: (
-        "preflight failed (culprit node named)",
-        "restarts without the culprit's node (a spare takes its slot, else a new job excludes it); counted",
+        "preflight failed (culprit node named), or an NVLink-bound group placed across racks (its ranks and nodes named)",
+        "restarts without the culprit's node (a spare takes its slot, else a new job excludes it); counted. A group"
+        " across racks excludes no node: the restart runs where it ran and stops on the second such failure",
     ),
     ExitCode.HANG: ("hang verdict", "restarts without the culprit's node; counted"),
     ExitCode.STRAGGLER: ("straggler verdict", "restarts without the culprit's node; counted"),

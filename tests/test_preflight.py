@@ -28,6 +28,7 @@ from clusterctl.runtime.preflight import common as preflight_common
 from clusterctl.runtime.preflight import memory as preflight_memory
 from clusterctl.runtime.preflight import nic as preflight_nic
 from clusterctl.runtime.preflight import sharedfs as preflight_sharedfs
+from clusterctl.runtime.preflight.gpu import fabric_id
 from clusterctl.syntax.cpulist import format_cpulist
 
 HOST = "node07"
@@ -97,6 +98,7 @@ class FakeGPU:
         self.errors: dict[str, int] = {}
         self.init_error: int | None = None
         self.old_binding = False
+        self.fabric: types.SimpleNamespace | None = None  # nvmlDeviceGetGpuFabricInfo: NotSupported (no NVL72 rack)
         self.opened: list[int] = []
         self.shutdowns = 0
 
@@ -155,6 +157,8 @@ def fake_pynvml(gpu: FakeGPU) -> types.ModuleType:
         "nvmlDeviceGetRetiredPagesPendingStatus", gpu.retired_pending
     )
     nv.nvmlDeviceGetRemappedRows = lambda h: call("nvmlDeviceGetRemappedRows", gpu.remapped_rows)
+    nv.NVML_GPU_FABRIC_STATE_COMPLETED = 3
+    nv.nvmlDeviceGetGpuFabricInfo = lambda h: call("nvmlDeviceGetGpuFabricInfo", gpu.fabric)
     if gpu.old_binding:
         nv.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: call(
             "nvmlDeviceGetCurrentClocksThrottleReasons", gpu.reasons
@@ -189,6 +193,7 @@ def test_gpu_healthy(gpu: FakeGPU) -> None:
         "driver_version": "570.86.15",
         "memory": {"total": 80 << 30, "used": 1 << 30, "free": 79 << 30},
         "temperature_c": 41,
+        "fabric": "unsupported",  # an H100 outside an NVL72 rack has no multi-node NVLink fabric
         "ecc_mode": "enabled",
         "ecc_volatile_uncorrected": 0,
         "ecc_volatile_corrected": 7,
@@ -198,6 +203,27 @@ def test_gpu_healthy(gpu: FakeGPU) -> None:
         "clock_event_reasons": 1,
         "slowdown": [],
     }
+
+
+def test_gpu_in_an_nvl72_rack_reports_its_fabric(gpu: FakeGPU) -> None:
+    gpu.fabric = types.SimpleNamespace(clusterUuid=bytes(range(16)), cliqueId=7, state=3, status=0)
+    r = only("gpu", make_ctx())
+    assert r.ok and r.data["fabric"] == "000102030405060708090a0b0c0d0e0f/7"
+    assert fabric_id([{"name": "gpu", "data": r.data}]) == "000102030405060708090a0b0c0d0e0f/7"
+    gpu.fabric = types.SimpleNamespace(clusterUuid=bytes(16), cliqueId=0, state=1, status=0)  # still registering
+    r = only("gpu", make_ctx())
+    assert r.ok and r.data["fabric"].startswith("not registered") and fabric_id([{"name": "gpu", "data": r.data}]) is None
+
+
+def test_gpu_without_an_imex_channel_fails_when_the_job_spans_racks(gpu: FakeGPU, tmp_path: Path) -> None:
+    channels = tmp_path / "nvidia-caps-imex-channels"
+    r = only("gpu", make_ctx(imex=True, imex_dir=str(channels)))
+    assert not r.ok and "no IMEX channel for multi-node NVLink" in r.detail and "switch/nvidia_imex" in r.detail
+    assert r.detail.startswith(f"GPU 2 on {HOST}:")
+    channels.mkdir()
+    (channels / "channel0").touch()
+    assert only("gpu", make_ctx(imex=True, imex_dir=str(channels))).ok
+    assert only("gpu", make_ctx(imex=False, imex_dir=str(tmp_path / "none"))).ok  # a job inside one tray needs none
 
 
 def test_gpu_volatile_uncorrected_ecc_errors_fail(gpu: FakeGPU) -> None:

@@ -165,3 +165,46 @@ def test_plan_shows_the_segments() -> None:
     result = cli("plan", REPO / "examples" / "llama-70b-nvl72.yaml")
     assert result.exit_code == 0, result.output
     assert "4 x (8 nodes + 1 spare), each inside one block (sbatch --segment=9)" in " ".join(result.stdout.split())
+
+
+def test_a_tp_group_split_across_racks_is_refused_at_start_naming_both_sides() -> None:
+    from clusterctl.exitcodes import ExitCode
+    from clusterctl.runtime.admission import judge
+
+    hosts = ["nvl-001", "nvl-002", "nvl-040", "nvl-041"]  # Slurm put the job's second pair in another rack
+    fabric = {0: "aa/1", 1: "aa/1", 2: "bb/4", 3: "aa/1"}
+    records = {r: {"rank": r, "world_size": 16, "host": hosts[r // 4], "fabric": fabric[r // 4]} for r in range(16)}
+    groups = [("tp", list(range(0, 8))), ("tp", list(range(8, 16)))]
+    verdict = judge(records, {}, world_size=16, hosts=hosts, gpus_per_node=4, token="", nvlink_groups=groups)
+    assert verdict.code == ExitCode.PREFLIGHT_FAILED
+    assert verdict.message == ("NVLink placement failed: a tp group spans 2 NVLink domains: ranks 8-11 on nvl-040"
+                               " (fabric bb/4); ranks 12-15 on nvl-041 (fabric aa/1)")
+    assert verdict.culprit_hosts() == []  # healthy nodes: named, never excluded or drained
+    records[12]["fabric"] = records[13]["fabric"] = records[14]["fabric"] = records[15]["fabric"] = "bb/4"
+    together = judge(records, {}, world_size=16, hosts=hosts, gpus_per_node=4, token="", nvlink_groups=groups)
+    assert together.code != ExitCode.PREFLIGHT_FAILED
+
+
+def test_the_rendered_job_sets_nccl_for_multi_node_nvlink_and_keeps_peer_access(tmp_path: Path) -> None:
+    text = sbatch(spec(), nvl72(), tmp_path / "a")
+    assert "export NCCL_MNNVL_ENABLE=1\n" in text and "export NCCL_CUMEM_ENABLE=1\n" in text
+    assert "--gres-flags=allow-task-sharing" in text  # the site runs 25.05
+    one_tray = sbatch(spec(tp=4), nvl72(), tmp_path / "b")
+    assert "NCCL_MNNVL_ENABLE" not in one_tray
+    assert "--gres-flags" not in sbatch(spec(), nvl72(slurm_version="23.02"), tmp_path / "c")
+    assert "NCCL_MNNVL_ENABLE=1" not in sbatch(spec(env={"NCCL_MNNVL_ENABLE": "0"}), nvl72(), tmp_path / "d")  # the spec's wins
+    record = RunJson.from_dict(json.loads(rendered(spec(), nvl72(), tmp_path / "f").files["run.json"]))
+    assert record.nvlink_kinds == ("tp",) and record.site_env["NCCL_MNNVL_ENABLE"] == "1"
+
+
+def test_a_split_group_blames_no_node_and_stops_when_it_happens_again() -> None:
+    from clusterctl.exitcodes import ExitCode
+    from clusterctl.rundir.history import Fault
+    from clusterctl.runtime.recovery import Ended, Policy, Situation, decide
+
+    where = {"job_id": "7", "allocation": ("n1", "n2", "n3"), "rank_hosts": ("n1", "n2"), "nodes": 2}
+    first = decide(Ended(ExitCode.PREFLIGHT_FAILED, (), None), Situation(**where), Policy())
+    assert first.action == "restart" and first.hosts == ["n1", "n2"] and first.newly_excluded == []
+    again = decide(Ended(ExitCode.PREFLIGHT_FAILED, (), None),
+                   Situation(**where, faults=(Fault(ExitCode.PREFLIGHT_FAILED, (), None, "7"),)), Policy())
+    assert again.action == "stop" and again.exit_code == ExitCode.BUDGET_EXHAUSTED and "twice in a row" in again.reason

@@ -41,6 +41,7 @@ from clusterctl.rundir.runjson import (
 )
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.ports import FNV_OFFSET, FNV_PRIME
+from clusterctl.syntax.slurmrelease import TASK_SHARING
 from clusterctl.syntax.units import format_slurm_time
 
 SBATCH_TEMPLATE = "job.sbatch.j2"
@@ -150,6 +151,8 @@ def render_run(
     cpus_per_task = 1 if site.oversubscribe else max(1, min(row.ncpus for row in table[:gpn]))
     port_range = spec.rendezvous.port_range or site.network.port_range
     srun_extra = []
+    if site.gres != "none" and node_type.gpu_vendor == "nvidia" and site.slurm_has(TASK_SHARING, unknown=False):
+        srun_extra.append("--gres-flags=allow-task-sharing")  # each rank bound to its GPU keeps peer access to the others
     if spec.container.image:
         srun_extra.append(f"--container-image={spec.container.image}")
         if spec.container.mounts:
@@ -190,7 +193,7 @@ def render_run(
         "address_family": site.network.address_family,
         "addresses": sorted(site.network.addresses.items()),
         "modules": [*site.modules, *spec.modules],
-        "site_env": sorted(site.env.items()),
+        "site_env": sorted(job_site_env(plan).items()),
         "srun_extra": srun_extra,
         "controller_argv": controller_argv(python, standalone),
         "aggregator_argv": aggregator_argv(python, standalone),
@@ -294,6 +297,7 @@ def build_run_json(
         segment_nodes=plan.segments.size if plan.segments else 0,
         segment_spares=plan.segments.spares_each if plan.segments else 0,
         domains=_partition_blocks(plan) if plan.segments else {},
+        nvlink_kinds=tuple(plan.segments.spans) if plan.segments else (),
         gpus_per_node=plan.gpus_per_node,
         parallel=Parallel(tp=layout.tp, cp=layout.cp, ep=layout.ep, dp=layout.dp, pp=layout.pp, vpp=plan.dims.vpp),
         node_type=NodeTypeRecord(
@@ -311,7 +315,7 @@ def build_run_json(
         argv=tuple(argv),
         command=tuple(spec.command or []),
         env=dict(sorted(spec.env.items())),
-        site_env=dict(sorted(site.env.items())),
+        site_env=dict(sorted(job_site_env(plan).items())),
         rendezvous=RendezvousRecord(
             port_range=tuple(port_range),  # type: ignore[arg-type]
             interface=spec.rendezvous.interface or site.network.interface,
@@ -353,3 +357,17 @@ def _partition_blocks(plan: Plan) -> dict[str, str]:
         if nodes:
             out[block.name] = hostlist.compress(nodes)
     return out
+
+
+MNNVL_ENV = {"NCCL_MNNVL_ENABLE": "1", "NCCL_CUMEM_ENABLE": "1"}
+"""NCCL over multi-node NVLink: on (an unusable fabric then fails at the first collective instead of falling back to
+the network unseen), with the cuMem allocations it needs."""
+
+
+def job_site_env(plan: Plan) -> dict[str, Any]:
+    """The site's environment for this job: the site's env, and the NCCL settings for multi-node NVLink when the
+    job's groups span nodes over it (segments on an NVIDIA block site). The site's and the spec's values win."""
+    env: dict[str, Any] = dict(plan.site.env)
+    if plan.segments and plan.node_type.gpu_vendor == "nvidia":
+        env = {**{k: v for k, v in MNNVL_ENV.items() if k not in plan.spec.env}, **env}
+    return env

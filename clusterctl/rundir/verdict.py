@@ -82,8 +82,9 @@ class Verdict:
         )
 
     def culprit_hosts(self) -> list[str]:
-        """The culprits' nodes, primary first, each once."""
-        return list(dict.fromkeys(str(c["host"]) for c in self.culprits if c.get("host")))
+        """The culprits' nodes, primary first, each once; not those named only where they are (`exclude: false`,
+        e.g. an NVLink group split across racks: the nodes are healthy)."""
+        return list(dict.fromkeys(str(c["host"]) for c in self.culprits if c.get("host") and c.get("exclude", True)))
 
 
 def path(attempt_dir: Path) -> Path:

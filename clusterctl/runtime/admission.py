@@ -10,6 +10,7 @@ wrong world sizes or nodes, and torch/CUDA/NCCL versions that differ.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from clusterctl.exitcodes import ExitCode
@@ -34,6 +35,7 @@ def judge(
     token: str,
     errors: dict[int, str] | None = None,
     log_errors: dict[int, str] | None = None,
+    nvlink_groups: Iterable[tuple[str, list[int]]] = (),
 ) -> Verdict:
     """Decide whether the rendezvous may complete.
 
@@ -71,6 +73,10 @@ def judge(
             culprits,
             {"nodes": sorted(preflight)},
         )
+
+    split = nvlink_split(records, nvlink_groups, host_of)
+    if split is not None:
+        return split
 
     missing = [r for r in range(world_size) if r not in records]
     failed_early = {r: errors.get(r) or log_errors.get(r) for r in missing if errors.get(r) or log_errors.get(r)}
@@ -135,3 +141,27 @@ def judge(
     if problems:
         return Verdict(False, int(ExitCode.RENDEZVOUS_FAILED), "rendezvous failed: " + " | ".join(problems), culprits)
     return Verdict(True, 0, f"all {world_size} ranks registered and checked")
+
+
+def nvlink_split(records: dict[int, dict[str, Any]], groups: Iterable[tuple[str, list[int]]],
+                 host_of: Callable[[int], str]) -> Verdict | None:
+    """An NVLink-bound group whose GPUs report two NVLink fabrics (cluster UUID and clique, from NVML): Slurm put
+    the group's nodes in two racks, and its collectives would leave NVLink. Refused before training (81), naming
+    the ranks and nodes of each side; the nodes are healthy, so none is blamed for exclusion."""
+    for kind, group in groups:
+        sides: dict[str, list[int]] = defaultdict(list)
+        for rank in group:
+            fabric = records.get(rank, {}).get("fabric")
+            if fabric:
+                sides[fabric].append(rank)
+        if len(sides) < 2:
+            continue
+        said = "; ".join(
+            f"ranks {_ranges(ranks)} on {', '.join(dict.fromkeys(records[r].get('host') or host_of(r) for r in ranks))}"
+            f" (fabric {fabric})" for fabric, ranks in sides.items())
+        culprits = [{"rank": r, "host": records[r].get("host") or host_of(r), "reason": "NVLink domain", "exclude": False}
+                    for ranks in sides.values() for r in ranks]
+        return Verdict(False, int(ExitCode.PREFLIGHT_FAILED),
+                       f"NVLink placement failed: a {kind} group spans {len(sides)} NVLink domains: {said}",
+                       culprits, {"kind": kind, "fabrics": {f: ranks for f, ranks in sides.items()}})
+    return None

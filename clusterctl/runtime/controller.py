@@ -75,6 +75,15 @@ MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps g
 COLLATERAL = re.compile(r"slurmstepd|CANCELLED AT|Terminated|Killed|srun: ")
 
 
+def nvlink_groups(run: runjson.RunJson) -> list[tuple[str, list[int]]]:
+    """The groups the plan keeps inside one multi-node NVLink domain (a block site's segments), by kind."""
+    if not run.nvlink_kinds:
+        return []
+    p = run.parallel
+    layout = RankLayout(tp=p.tp, cp=p.cp, dp=p.dp, pp=p.pp, ep=p.ep)
+    return [(kind, group) for kind in run.nvlink_kinds for group in layout.groups(kind)]
+
+
 def listen_backlog() -> int:
     """The largest listen backlog the kernel allows (net.core.somaxconn).
 
@@ -373,6 +382,7 @@ class Controller:
                 token=self.token,
                 errors=errors,
                 log_errors=self.node_log_errors(missing) if missing else {},
+                nvlink_groups=nvlink_groups(self.run),
             )
             judged = time.perf_counter()
             self.records = records

@@ -153,6 +153,7 @@ def preflight(info: Any) -> list[dict[str, Any]]:
         dirs=(os.environ.get("TMPDIR", "/tmp"), checkpoint_dir, str(info.attempt_dir)),
         shared_marker=marker_path(checkpoint_dir, info.token) if info.token else None,
         shared_token=info.token or None,
+        imex=bool(run.segment_nodes) and run.node_type.gpu_vendor == "nvidia",
     )
     return [
         {"name": r.name, "ok": r.ok, "skipped": r.skipped, "detail": r.detail, "data": r.data}
@@ -163,6 +164,7 @@ def preflight(info: Any) -> list[dict[str, Any]]:
 def managed(argv: list[str]) -> int:
     """Preflight, register, wait for the verdict, run the command; the rank's exit code."""
     from clusterctl.runtime import rendezvous
+    from clusterctl.runtime.preflight.gpu import fabric_id
     from clusterctl.runtime.rankinfo import RankInfo
 
     started = time.time()
@@ -185,6 +187,7 @@ def managed(argv: list[str]) -> int:
         "numa": info.numa,
         "nics": list(info.nics),
         "versions": found,
+        "fabric": fabric_id(checks),  # the GPU's NVLink fabric (cluster/clique): the controller compares NVLink-bound groups
         "preflight": checks,
         "timings": {"started": started, "preflight_done": checked, "torch_imported": time.time()},
     }

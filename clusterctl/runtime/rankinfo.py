@@ -77,7 +77,8 @@ class RankInfo:
 RECORDED_ENV_PREFIXES = (
     "NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "UCX_", "CLUSTERCTL_", "NVIDIA_", "HIP_", "ROCR_", "RCCL_", "ENROOT_", "PYXIS_",
 )
-RECORDED_ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
+RECORDED_ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED",
+                      "SLURM_JOB_SEGMENT_SIZE")  # the segment Slurm gave the job (25.05+), beside the planned one
 RECORDED_VALUE_MAX = 1000  # characters: keeps manifest.json small with one record per node
 
 

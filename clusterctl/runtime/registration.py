@@ -39,7 +39,7 @@ def error_key(rank: int) -> str:
 
 
 VERSION_KEYS = ("torch", "cuda", "nccl", "hip")
-JUDGED = ("rank", "world_size", "host", "pid", "proof", "gpu", "versions")  # what judge() and the end's blame read
+JUDGED = ("rank", "world_size", "host", "pid", "proof", "gpu", "versions", "fabric")  # what judge() and the end's blame read
 VERDICT_GRACE_S = 30.0  # ranks wait this long past the rendezvous timeout for the controller's verdict ...
 VERDICT_GRACE_PER_RANK_S = 200e-6  # ... plus this per rank: ~10x the controller's measured work per rank (bench/controller_scale.py)
 

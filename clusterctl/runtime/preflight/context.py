@@ -28,6 +28,8 @@ class PreflightContext:
     shared_token: str | None  # the attempt token: the marker must hold its id (sharedfs.marker_id)
     min_free_memory_bytes: int = 1 << 30
     max_gpu_temp_c: int = 85
+    imex: bool = False  # the job's groups span nodes over NVLink (segments): the node must give it an IMEX channel
+    imex_dir: str = "/dev/nvidia-caps-imex-channels"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ shared with the aggregators' GPU sampling (runtime/gpusample.py).
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,10 @@ def check_gpu(ctx: PreflightContext) -> CheckResult:
         return _skip("gpu", f"no GPU checks for vendor '{ctx.gpu_vendor}'")
     if ctx.gpu is None:
         return _skip("gpu", f"physical GPU index unknown on {ctx.host} (CLUSTERCTL_GPU not set)")
+    missing = imex_problem(ctx)
+    if missing:
+        return CheckResult("gpu", False, False, _one_line(f"GPU {ctx.gpu} on {ctx.host}: {missing}"),
+                           {"index": ctx.gpu, "imex_channel": None})
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the old `pynvml` wrapper package warns on import
@@ -131,6 +136,7 @@ def _inspect_gpu(nvml: Any, nvml_error: type[BaseException], ctx: PreflightConte
         if temperature >= ctx.max_gpu_temp_c:
             problems.append(f"temperature {int(temperature)} C >= limit {ctx.max_gpu_temp_c} C")
 
+    _fabric(nvml, query, data)
     _check_ecc(nvml, query, data, problems)
     _check_retirement(nvml, query, data, problems)
     _check_clocks(nvml, query, data, problems)
@@ -142,6 +148,48 @@ def _inspect_gpu(nvml: Any, nvml_error: type[BaseException], ctx: PreflightConte
         summary.append(f"{data['temperature_c']} C")
     summary.append("no uncorrected ECC errors, no pending retirements, no slowdown")
     return CheckResult("gpu", True, False, _one_line(f"{where}: " + ", ".join(str(s) for s in summary)), data)
+
+
+def imex_problem(ctx: PreflightContext) -> str | None:
+    """Why this node cannot give the job multi-node NVLink memory, or None. Without an IMEX channel device
+    CUDA's multi-node NVLink calls fail with a permission error, long after start; Slurm's switch/nvidia_imex
+    creates one per job (inside a container, enroot 4.0.0 or later shows it)."""
+    if not ctx.imex:
+        return None
+    try:
+        channels = sorted(n for n in os.listdir(ctx.imex_dir) if n.startswith("channel"))
+    except OSError:
+        channels = []
+    usable = [n for n in channels if os.access(os.path.join(ctx.imex_dir, n), os.R_OK | os.W_OK)]
+    if usable:
+        return None
+    found = f"{len(channels)} channel(s) there, none this user may open" if channels else "none there"
+    return (f"no IMEX channel for multi-node NVLink ({ctx.imex_dir}/channel*: {found}); the site's Slurm"
+            " gives each job one with SwitchType=switch/nvidia_imex")
+
+
+def _fabric(nvml: Any, query: Callable[..., Any], data: dict[str, Any]) -> None:
+    """The GPU's NVLink fabric identity (cluster UUID and clique): GPUs with the same one share a multi-node
+    NVLink domain (an NVL72 rack). The controller compares it across each NVLink-bound group."""
+    info = query("fabric", "nvmlDeviceGetGpuFabricInfo")
+    if info is None:
+        return
+    state, completed = getattr(info, "state", None), getattr(nvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
+    if state != completed or getattr(info, "status", 0) != 0:
+        data["fabric"] = f"not registered (state {state}, status {getattr(info, 'status', None)})"
+        return
+    uuid = getattr(info, "clusterUuid", b"")
+    uuid_text = bytes(uuid).hex() if isinstance(uuid, (bytes, bytearray, list, tuple)) else str(uuid)
+    data["fabric"] = f"{uuid_text}/{int(getattr(info, 'cliqueId', 0))}"
+
+
+def fabric_id(checks: list[dict[str, Any]]) -> str | None:
+    """A registration's fabric identity from its gpu check's data, when the GPU has one."""
+    for check in checks:
+        if check.get("name") == "gpu":
+            value = (check.get("data") or {}).get("fabric")
+            return value if isinstance(value, str) and "/" in value and not value.startswith("not ") else None
+    return None
 
 
 def _check_ecc(nvml: Any, query: Callable[..., Any], data: dict[str, Any], problems: list[str]) -> None:
