@@ -43,6 +43,8 @@ sysdeps:
 	  || echo "warning: could not install openssh-server; the ssh test servers' tests will be skipped"
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; } \
 	  || echo "warning: could not install chromium; the documentation's browser test will be skipped"
+	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends bubblewrap; } \
+	  || echo "warning: could not install bubblewrap; the container tests will be skipped"
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q

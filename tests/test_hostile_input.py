@@ -146,6 +146,8 @@ def test_a_world_beyond_any_cluster_is_refused_where_the_partition_lists_no_node
         ({"checkpoint": {"dir": "/shared/ckpt\nx"}}, "checkpoint.dir"),
         ({"runs_root": "runs\x00x"}, "runs_root"),
         ({"env": {"A": "x\x00y"}}, "env.A"),
+        ({"container": {"image": "a", "env": {"B": "x\x00y"}}}, "container.env.B"),
+        ({"container": {"image": "a", "env": {"B;rm": "x"}}}, "container.env"),
     ],
 )
 def test_nul_in_a_field_that_reaches_a_script_is_refused_at_load(

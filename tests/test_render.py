@@ -19,6 +19,7 @@ import pytest
 from clusterctl.errors import ConfigError
 from clusterctl.plan.binding import binding_table, rank_env
 from clusterctl.plan.job import load_job
+from clusterctl.render.container import package_dir
 from clusterctl.render.scripts import render_run
 from clusterctl.syntax.ports import master_port
 
@@ -65,7 +66,7 @@ def test_golden_and_shellcheck(tmp_path: Path, site: str, standalone: bool) -> N
     _, rendered = render_site(tmp_path, site, standalone)
     mode = "standalone" if standalone else "managed"
     for name in ("job.sbatch", "wrapper.sh"):
-        text = rendered.files[name]
+        text = rendered.files[name].replace(package_dir(), "/opt/clusterctl")  # where the checkout is varies
         golden = GOLDEN / site / mode / name
         if os.environ.get("UPDATE_GOLDEN"):
             golden.parent.mkdir(parents=True, exist_ok=True)
@@ -118,11 +119,6 @@ def test_switches_constraint_exclude_container_modules(tmp_path: Path) -> None:
     assert "--container-image=nvcr.io#nvidia/pytorch:25.01-py3" in sbatch
     assert "--container-mounts=/lustre:/lustre" in sbatch
 
-
-def test_container_without_plugin_is_rejected(tmp_path: Path) -> None:
-    job = load_job(write_spec(tmp_path, "pcie-4gpu", container={"image": "img"}), SITE_JOBS["pcie-4gpu"])
-    with pytest.raises(ConfigError, match=r"container.image.*no container plugin"):
-        render_run(job.plan, RUN_DIR, python=PYTHON)
 
 
 def test_run_dir_with_spaces_is_rejected(tmp_path: Path) -> None:

@@ -75,6 +75,7 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
         backend.check()  # before anything is written: no sbatch, no run directory
     choice = job.plan.suspects
     refuse_missing_secrets(job)
+    refuse_missing_image(job)
     run = create_run(job)
     roots.remember(run.path.parent)  # so that `status RUN` finds it from any directory
     run.write_state(**choice.as_state())
@@ -89,6 +90,28 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
     except ClusterctlError:
         shutil.rmtree(run.path, ignore_errors=True)  # refused or unreachable: no job, so no run to look at
         raise
+
+
+def refuse_missing_image(job: PlannedJob | JobConfig, workdir: Path | None = None) -> None:
+    """A container image given as a file here (a path, a .sif or .sqsh) that is not there, or cannot be read,
+    refuses the job before anything is written. A registry reference is the runtime's to fetch: a rank that
+    cannot start it fails before registering, and the rendezvous verdict names it."""
+    image = job.spec.container.image
+    if image is None or not local_image(image):
+        return
+    path = (workdir or Path.cwd()) / os.path.expanduser(image)
+    if not os.access(path, os.R_OK):
+        why = "does not exist" if not path.exists() else "cannot be read by this user"
+        raise ConfigError(str(job.spec_path), [Problem("container.image", image, (
+            f"{path} {why}; expected an image file the compute nodes can read (paths are taken from the submit"
+            " directory), or a registry reference such as nvcr.io#nvidia/pytorch:25.01-py3"))])
+
+
+def local_image(image: str) -> bool:
+    """Whether an image reference names a file or directory here rather than a registry."""
+    if "://" in image or "#" in image:
+        return False
+    return image.startswith(("/", "./", "../", "~")) or image.endswith((".sif", ".sqsh", ".squashfs", ".simg"))
 
 
 def refuse_missing_secrets(job: PlannedJob | JobConfig) -> None:

@@ -14,13 +14,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from clusterctl.config.problems import validate_located
 from clusterctl.config.shipped import shipped_dir
 from clusterctl.config.spec import (
     ENV_NAME,
     MODULE_NAME,
+    MOUNT,
     RUNS_MODE_DESCRIPTION,
     EnvValue,
     GroupName,
@@ -157,10 +158,6 @@ class Topology(Section):
         sizes = [hostlist.count(b.nodes) for b in self.blocks if hostlist.is_valid(b.nodes)]
         return min(sizes) if sizes else None
 
-    def block_of(self) -> dict[str, str]:
-        """Node name -> its block's name (an NVLink domain spanning nodes)."""
-        return {node: b.name for b in self.blocks if hostlist.is_valid(b.nodes) for node in hostlist.expand(b.nodes)}
-
 
 class Network(Section):
     interface: str | None = Field(None, description="interface whose address is the rendezvous address")
@@ -208,7 +205,16 @@ class Reliability(Section):
 
 
 class ContainerRuntime(Section):
-    plugin: Literal["pyxis", "none"] = Field("none", description="how images run: pyxis (srun --container-image) or none")
+    runtime: Literal["pyxis", "apptainer", "none"] = Field(
+        "none", validation_alias=AliasChoices("runtime", "plugin"),  # `plugin:` is what site configs said before
+        description="how images run: pyxis (srun --container-image), apptainer (apptainer exec) or none;"
+        " a spec's container.runtime may choose another",
+    )
+    mounts: list[Annotated[str, Field(pattern=MOUNT)]] = Field(
+        default_factory=list, description="SRC[:DST[:FLAGS]] bound into every job's container (shared file systems)"
+    )
+    python: PlainPath = Field("python3", description="the interpreter inside images (ranks run clusterctl's launcher with it)")
+    apptainer: PlainPath = Field("apptainer", description="the apptainer (or singularity) command on the compute nodes")
 
 
 LOGIN_HOST = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]+$")

@@ -368,14 +368,30 @@ class Rendezvous(Section):
         return value
 
 
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "none")
+MOUNT = r"^[^,:\s\x00-\x1f\x7f]+(:[^,:\s\x00-\x1f\x7f]+(:[a-z,]+)?)?$"
+
+
 class Container(Section):
+    runtime: Literal["pyxis", "apptainer", "none"] | None = Field(
+        None, description="how the ranks run in the image: pyxis (srun --container-image), apptainer (apptainer exec)"
+        " or none; default: the site's container.runtime"
+    )
     image: Annotated[str, Field(pattern=r"^[^\s\x00-\x1f\x7f]+$")] | None = Field(
         None,
-        description="container image (pyxis --container-image): one word, no spaces or control characters;"
-        " omit the field to run without a container",
+        description="container image: a registry reference (pyxis: nvcr.io#nvidia/pytorch:25.01-py3), a .sqsh or .sif"
+        " file, or an Apptainer URI; one word, no spaces or control characters; omit the field to run without one",
     )
-    mounts: list[Annotated[str, Field(pattern=r"^[^,:\s\x00-\x1f\x7f]+(:[^,:\s\x00-\x1f\x7f]+(:[a-z,]+)?)?$")]] = Field(
-        default_factory=list, description="SRC[:DST[:FLAGS]] (pyxis --container-mounts)"
+    mounts: list[Annotated[str, Field(pattern=MOUNT)]] = Field(
+        default_factory=list, description="SRC[:DST[:FLAGS]] bound into the container, after the site's mounts"
+        " (the run directory and the submit directory are always bound)"
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, description="variables set inside the container only, by each rank's wrapper (after `env`)"
+    )
+    writable: bool | None = Field(
+        None, description="a writable container (pyxis --container-writable, apptainer --writable-tmpfs); false:"
+        " read-only (pyxis --container-readonly); default: the runtime's own"
     )
 
 
@@ -472,7 +488,7 @@ class JobSpec(Section):
     preflight: Preflight = Field(default_factory=Preflight, description="checks every rank runs before the rendezvous")
     signal: Signal = Field(default_factory=Signal, description="the pre-timeout signal: which and how long before the time limit")
     rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="the controller's store: timeout and address family")
-    container: Container = Field(default_factory=Container, description="a container image for the ranks (pyxis)")
+    container: Container = Field(default_factory=Container, description="a container image the ranks run in (pyxis or Apptainer)")
     modules: list[Annotated[str, Field(pattern=MODULE_NAME.pattern)]] = Field(
         default_factory=list, description="environment modules to load: letters, digits, . _ + / @ -"
     )

@@ -25,6 +25,8 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan import Plan
 from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
+from clusterctl.render.container import RANK_ENV, TASK_VARS, apptainer_flags, pyxis_flags, rank_env_names
+from clusterctl.render.container import resolve as resolve_container
 from clusterctl.rundir import attemptjson, secretenv
 from clusterctl.rundir.access import GROUP, Access
 from clusterctl.rundir.runjson import (
@@ -138,10 +140,9 @@ def render_run(
             )
         )
     access = run_access(plan, problems, groups_here)
-    if spec.container.image and site.container.plugin == "none":
-        problems.append(
-            Problem("container.image", spec.container.image, f"site {site.name} has no container plugin (container.plugin)")
-        )
+    checkpoints = Path(spec.checkpoint.dir) if spec.checkpoint.dir else None
+    container, container_problems = resolve_container(spec, site, run_dir, checkpoints, f"clusterctl-{run_id or spec.name}")
+    problems += container_problems
     if problems:
         raise ConfigError("job spec", problems)
 
@@ -153,10 +154,9 @@ def render_run(
     srun_extra = []
     if site.gres != "none" and node_type.gpu_vendor == "nvidia" and site.slurm_has(TASK_SHARING, unknown=False):
         srun_extra.append("--gres-flags=allow-task-sharing")  # each rank bound to its GPU keeps peer access to the others
-    if spec.container.image:
-        srun_extra.append(f"--container-image={spec.container.image}")
-        if spec.container.mounts:
-            srun_extra.append(f"--container-mounts={','.join(spec.container.mounts)}")
+    if container is not None and container.runtime == "pyxis":
+        srun_extra += pyxis_flags(container, VISIBILITY_VAR[node_type.gpu_vendor])
+    site_env = job_site_env(plan)
     common = {
         "name": spec.name,
         "world": plan.world_size,
@@ -193,7 +193,11 @@ def render_run(
         "address_family": site.network.address_family,
         "addresses": sorted(site.network.addresses.items()),
         "modules": [*site.modules, *spec.modules],
-        "site_env": sorted(job_site_env(plan).items()),
+        "site_env": sorted(site_env.items()),
+        "container": container.runtime if container else "",
+        "container_mounts": ",".join(container.binds) if container else "",
+        "rank_env": str(run_dir / RANK_ENV),
+        "rank_env_names": rank_env_names(list(site_env), list(spec.secret_env)),
         "srun_extra": srun_extra,
         "controller_argv": controller_argv(python, standalone),
         "aggregator_argv": aggregator_argv(python, standalone),
@@ -216,7 +220,7 @@ def render_run(
         "aggregator_log": rundir.AGGREGATOR_LOG.format(slot="%n"),
         "aggregator_srun_log": rundir.AGGREGATOR_SRUN_LOG,
     }
-    argv = launcher_argv(plan, python, standalone)
+    argv = launcher_argv(plan, container.python if container else python, standalone)
     wrapper_ctx = {
         **common,
         "node_type": plan.node_type_name,
@@ -230,6 +234,13 @@ def render_run(
         "coord": {axis: envnames.coord_var(axis) for axis in envnames.COORDS},
         "job_env": sorted(spec.env.items()),
         "argv": argv,
+        "container": container.runtime if container else "",
+        "container_env": sorted(container.env.items()) if container else [],
+        "apptainer": [container.apptainer, "exec", *apptainer_flags(container, node_type.gpu_vendor)] if container else [],
+        "image": container.image if container else "",
+        "package_dir": container.package_dir if container else "",
+        "task_vars": [*TASK_VARS, VISIBILITY_VAR[node_type.gpu_vendor]],
+        "rank_env": str(run_dir / RANK_ENV),
     }
     env = template_env(site_templates_dir(plan, site_path))
     try:
@@ -239,7 +250,8 @@ def render_run(
         where = getattr(exc, "filename", None) or getattr(exc, "name", None) or "template"
         raise ConfigError("templates", [Problem("templates", str(where), f"expected a template that renders ({exc})")]) from None
     run_json = replace(build_run_json(plan, run_id, table, argv, port_range, standalone),
-                       runs_mode=access.mode, runs_group=access.group, secret_env=tuple(spec.secret_env))
+                       runs_mode=access.mode, runs_group=access.group, secret_env=tuple(spec.secret_env),
+                       container=container.runtime if container else "")
     return Rendered(
         files={
             rundir.SBATCH: sbatch,

@@ -128,6 +128,7 @@ class RunJson:
     segment_nodes: int = 0  # a block site's segment: rank nodes per segment (0: no segment)
     segment_spares: int = 0  # spares per segment: a spare replaces a node of its own block
     domains: dict[str, str] = field(default_factory=dict)  # block name -> hostlist of its nodes (NVLink domains), with segments
+    container: str = ""  # the runtime the ranks run under (pyxis, apptainer), "" without a container
     nvlink_kinds: tuple[str, ...] = ()  # group kinds the segments keep in one NVLink domain: checked at start (fabric ids)
     gpus_per_node: int = 0
     parallel: Parallel = Parallel()

@@ -192,10 +192,12 @@ def managed(argv: list[str]) -> int:
         "timings": {"started": started, "preflight_done": checked, "torch_imported": time.time()},
     }
     if info.local_rank == 0:  # the node's environment, once per node: manifest.json stays small at any scale
-        from clusterctl.runtime.rankinfo import driver_version, recorded_env
+        from clusterctl.runtime.rankinfo import driver_version, effective_env, recorded_env
 
         record["env"] = recorded_env(secret=info.run.secret_env)
         record["driver"] = driver_version()
+        if info.rank == 0 and info.run.container:  # inside an image: what rank 0 really ran with
+            record["container_env"] = effective_env(secret=info.run.secret_env)
     timeout_s = float(info.run.rendezvous.timeout_s)
     try:
         store = rendezvous.connect(info, timeout_s)

@@ -96,6 +96,15 @@ def recorded_env(env: Mapping[str, str] | None = None, secret: Sequence[str] = (
     }
 
 
+def effective_env(env: Mapping[str, str] | None = None, secret: Sequence[str] = ()) -> dict[str, str]:
+    """Every variable a rank runs with (inside a container, where the image's values may differ from the host's),
+    for the run record: secrets (the token, secret_env, names that look secret) by name only."""
+    env = os.environ if env is None else env
+    hidden = {envnames.TOKEN, *secret}
+    return {name: "(secret)" if name in hidden or secretenv.LOOKS_SECRET.search(name) else value[:RECORDED_VALUE_MAX]
+            for name, value in sorted(env.items())}
+
+
 _DRIVER_FILES = (
     ("nvidia", "/proc/driver/nvidia/version", re.compile(r"Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9.]+)")),
     ("amdgpu", "/sys/module/amdgpu/version", re.compile(r"(\S+)")),

@@ -306,7 +306,8 @@ def switch_paths(site: dict[str, Any] | None, hosts: list[str]) -> tuple[dict[st
     return paths, None
 
 
-def _container(spec: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+def _container(spec: dict[str, Any] | None, runtime: str | None,
+               manifest: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
     if spec is None:
         return None, f"{rundir.SPEC} is missing or unreadable"
     box = spec.get("container") or {}
@@ -314,7 +315,10 @@ def _container(spec: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str 
     if not image:
         return {"image": None, "note": "no container: the spec sets no container.image (the ranks ran on the node's own software)"}, None
     digest = image.split("@", 1)[1] if "@sha256:" in image else None
-    found = {"image": image, "mounts": box.get("mounts") or [], "digest": digest}
+    found = {"image": image, "runtime": runtime or box.get("runtime"), "mounts": box.get("mounts") or [], "digest": digest}
+    rank0 = next((r for r in (manifest or {}).get("ranks") or [] if isinstance(r, dict) and r.get("rank") == 0), None)
+    if rank0 is not None and isinstance(rank0.get("container_env"), dict):
+        found["rank0_env"] = rank0["container_env"]  # what rank 0 ran with inside the image, secrets by name
     if digest is None:
         found["unknown"] = {
             "digest": "not resolved: the image is named by tag, and pyxis/enroot report no digest to the ranks;"
@@ -405,6 +409,6 @@ def _environment(
         group["env_requested"] = {"job": plan.env, "site": plan.site_env}
     else:
         _put(group, "env_requested", None, f"{rundir.RUN_JSON} is missing or unreadable")
-    container, why = _container(spec)
+    container, why = _container(spec, plan.container if plan is not None else None, manifest)
     _put(group, "container", container, why)
     return group

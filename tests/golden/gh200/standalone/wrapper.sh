@@ -16,6 +16,12 @@ GPU_UCX=('mlx5_0:1' 'mlx5_1:1' 'mlx5_2:1' 'mlx5_3:1' )
 fail() { echo "clusterctl wrapper (rank ${SLURM_PROCID:-?} on ${SLURMD_NODENAME:-?}): $*" >&2; exit 80; }
 fail_preflight() { echo "clusterctl wrapper (rank ${SLURM_PROCID:-?} on ${SLURMD_NODENAME:-?}): $*" >&2; exit 81; }
 
+# Inside the image: this task's own variables as srun gave them (Apptainer), then the site's env, the rendezvous
+# and the attempt's variables, as the batch script exported them.
+unset NCCL_IB_HCA  # a binding variable: the rail map's (or the site's), never the image's
+# shellcheck source=/dev/null
+source '/runs/golden/.rank.env' || fail "cannot read the rank environment /runs/golden/.rank.env inside the container"
+export PYTHONPATH='/opt/clusterctl'${PYTHONPATH:+:$PYTHONPATH}  # clusterctl's launcher, from the submitting tree
 rank=${SLURM_PROCID:?not started by srun}
 local_rank=${SLURM_LOCALID:?not started by srun}
 (( ${SLURM_NTASKS:-0} == 16 )) || fail "srun started ${SLURM_NTASKS:-?} tasks, the plan has 16"
