@@ -31,7 +31,7 @@ def test_the_whole_ladder_on_the_local_backend(tmp_path: Path, monkeypatch: pyte
     report = json.loads(result.stdout)
     assert report == json.loads((tmp_path / "out" / "report.json").read_text())
     names = [r["name"] for r in report["rungs"]]
-    assert names == ["worker", "node", "comm", "boundary", "scaling", "data", "restart", "failure", "long", "report"]
+    assert names == ["worker", "node", "comm", "nvlink", "boundary", "scaling", "data", "restart", "failure", "long", "report"]
     assert all(r["passed"] for r in report["rungs"]) and report["passed"] and report["stopped_at"] is None and report["started_at"] is None
     assert all(r["criterion"] and isinstance(r["measured"], dict) for r in report["rungs"])
     rung = {r["name"]: r for r in report["rungs"]}
@@ -48,6 +48,9 @@ def test_the_whole_ladder_on_the_local_backend(tmp_path: Path, monkeypatch: pyte
     assert rung["boundary"]["measured"]["crossing_groups"]["dp"]["cross_node"] == 1
     comm = rung["comm"]["measured"]
     assert comm["busbw_gbs"]["world"] > 0 and {r["op"] for r in comm["results"]} == {"all_reduce", "all_gather", "reduce_scatter"}
+    # The local site's NVLink domains stay inside a node: the rung says why it has nothing to measure.
+    assert rung["nvlink"]["passed"] and not rung["nvlink"]["judged"] and not rung["nvlink"]["runs"]
+    assert "has no NVLink domain spanning nodes" in rung["nvlink"]["reason"]
     # Emulated GPUs share CPUs: performance measured, not judged.
     assert not rung["node"]["judged"] and not rung["scaling"]["judged"]
     assert [p["nodes"] for p in report["scaling"]] == [1, 2]
@@ -91,3 +94,25 @@ def test_the_first_node_boundary_on_the_slurm_test_cluster(slurm_lab, tmp_path: 
     boundary = {r["name"]: r for r in report["rungs"]}["boundary"]["measured"]
     assert {a["host"] for a in boundary["adapters"].values()} <= {"n1", "n2", "n3", "n4"} and len(boundary["adapters"]) == 2
     assert all(a["nics"] == ["lo"] for a in boundary["adapters"].values())
+
+
+def test_the_nvlink_rung_runs_a_tp_group_across_two_trays_where_the_site_has_such_domains(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local site as one NVL-style domain per two nodes (a block each): the rung's job really runs, its tp
+    group across two nodes inside one segment."""
+    import yaml
+    from helpers import REPO
+
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
+    site = yaml.safe_load((REPO / "site-configs" / "local.yaml").read_text())
+    for node_type in site["node_types"].values():
+        node_type["nvlink_domain"] = 2 * len(node_type["gpus"])
+    site["topology"] = {"kind": "block", "blocks": [{"name": "b1", "nodes": "node[1-2]"}, {"name": "b2", "nodes": "node[3-4]"}]}
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(site))
+    result = cli("qualify", spec(tmp_path, site=str(tmp_path / "local.yaml")), "-o", tmp_path / "out", "--from", "nvlink",
+                 "--up-to", "nvlink", "--json")
+    assert result.exit_code == 0, result.output
+    rung = json.loads(result.stdout)["rungs"][0]
+    assert rung["name"] == "nvlink" and rung["passed"] and len(rung["runs"]) == 1
+    assert rung["measured"]["segment"]["size"] == 2 and rung["measured"]["segment"]["spans"] == {"tp": 2}
+    assert rung["measured"]["tp_busbw_gbs"] > 0

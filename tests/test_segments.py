@@ -208,3 +208,39 @@ def test_a_split_group_blames_no_node_and_stops_when_it_happens_again() -> None:
     again = decide(Ended(ExitCode.PREFLIGHT_FAILED, (), None),
                    Situation(**where, faults=(Fault(ExitCode.PREFLIGHT_FAILED, (), None, "7"),)), Policy())
     assert again.action == "stop" and again.exit_code == ExitCode.BUDGET_EXHAUSTED and "twice in a row" in again.reason
+
+
+def test_an_imported_nvl72_site_plans_a_70b_job_whose_tp_groups_stay_in_a_rack(tmp_path: Path) -> None:
+    fixtures = REPO / "tests" / "fixtures" / "siteimport"
+    result = cli("site", "import", "--topo", fixtures / "h100-4gpu_nccl-1617.txt", "--nic-names", "mlx5_0,mlx5_1,mlx5_2,mlx5_3",
+                 "--topology-conf",
+                 fixtures / "topology-nvl72_example.conf", "--gpu-model", "B200-186GB", "--gpu-memory-gb", "186",
+                 "--nvlink-domain", "72", "--slurm-version", "25.05", "--name", "nvl72", "--partition", "batch")
+    assert result.exit_code == 0, result.output
+    site_file = tmp_path / "nvl72.yaml"
+    site_file.write_text(result.stdout)
+    data = yaml.safe_load(result.stdout)
+    assert (data["slurm_version"], data["topology"]["segment_size"]) == ("25.05", 18)
+    site, _ = load_site(str(site_file))
+    example = yaml.safe_load((REPO / "examples" / "llama-70b-nvl72.yaml").read_text())
+    job = JobSpec.model_validate({**example, "site": str(site_file), "container": {**example["container"], "runtime": "pyxis"}})
+    plan = make_plan(job, site)
+    assert plan.segments is not None and plan.segments.sbatch_size == 9
+    text = sbatch(job, site, tmp_path / "pyxis")
+    assert "--segment=9" in text and "--container-image=" in text
+    other = job.model_copy(update={"container": job.container.model_copy(update={"runtime": "apptainer"})})
+    assert "'apptainer' 'exec' '--nv'" in rendered(other, site, tmp_path / "apptainer").files["wrapper.sh"]  # one field apart
+    rack = {node: block["name"] for block in data["topology"]["blocks"] for node in _expand(block["nodes"])}
+    # Slurm keeps each segment of 9 in one rack; the first attempt puts ranks on each segment's 8 rank trays
+    alloc = ("nvl-001", *[f"nvl-{i:03d}" for i in range(2, 10)], *[f"nvl-{i:03d}" for i in range(19, 28)],
+             *[f"nvl-{i:03d}" for i in range(37, 46)], *[f"nvl-{i:03d}" for i in range(55, 64)])
+    hosts = place_in_domains(alloc, 32, rack, 8, 1)
+    assert hosts is not None
+    for group in plan.groups["tp"]:
+        assert len({rack[hosts[r // 4]] for r in group}) == 1  # never leaves a rack
+
+
+def _expand(expr: str) -> list[str]:
+    from clusterctl.syntax import hostlist
+
+    return hostlist.expand(expr)

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         backend: Annotated[Optional[str], typer.Option("--backend", "-b", help=f"one of {', '.join(BACKENDS)}")] = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Run the validation ladder (worker, node, comm, boundary, scaling, data, restart, failure, long, report)
+        """Run the validation ladder (worker, node, comm, nvlink, boundary, scaling, data, restart, failure, long, report)
         as real jobs; stops at the first rung that fails (exit 4) and always writes DIR/report.json and index.html."""
         for flag, rung in (("--from", start), ("--up-to", up_to)):
             if rung is not None and rung not in RUNGS:

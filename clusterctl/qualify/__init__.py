@@ -1,6 +1,7 @@
 """`clusterctl qualify`: the distributed-training validation ladder, one rung after another, as real jobs.
 
-The rungs, in order: worker, node, comm, boundary, scaling, data, restart,
+The rungs, in order: worker, node, comm, nvlink (multi-node NVLink, where
+the site has it), boundary, scaling, data, restart,
 failure, long, report. Each states its pass criterion before it runs, runs
 the reference trainer (or a drill) as jobs on the site, measures, and is
 judged; the ladder stops at the first rung that fails, and the report
@@ -14,4 +15,4 @@ wait for its end, optionally acting on it meanwhile (a drill); rungs.py: the
 rungs; ladder.py: order, stop, report.json; page.py: index.html.
 """
 
-RUNGS = ("worker", "node", "comm", "boundary", "scaling", "data", "restart", "failure", "long", "report")
+RUNGS = ("worker", "node", "comm", "nvlink", "boundary", "scaling", "data", "restart", "failure", "long", "report")

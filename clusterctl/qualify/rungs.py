@@ -199,6 +199,47 @@ def comm(c: Context) -> Rung:
     return rung
 
 
+def nvlink(c: Context) -> Rung:
+    """A tp group across two trays of one multi-node NVLink domain (an NVL72 rack), where the site has such domains."""
+    probe = c.runner.load(c.d.overrides(2, c.d.trainer(2)))
+    site, node_type, per = probe.site, probe.plan.node_type, probe.plan.gpus_per_node
+    want = site.expected.busbw_gbs.get("mnnvl")
+    rung = Rung("nvlink", "a tp group spanning two trays of one NVLink domain starts (the start-up check finds one NVLink"
+                " fabric and an IMEX channel) and all-reduces over it"
+                + (f" at busbw {want} GB/s or more" if want else "; the site states no expected figure (expected.busbw_gbs.mnnvl)"),
+                judged=c.judge_performance and bool(want))
+    if site.topology.kind != "block" or node_type.nvlink_domain <= len(node_type.gpus):
+        rung.reason = (f"site {site.name} has no NVLink domain spanning nodes (node type {probe.plan.node_type_name}:"
+                       f" {node_type.nvlink_domain} GPUs per domain, {len(node_type.gpus)} per node"
+                       f"{'' if site.topology.kind == 'block' else ', no block topology'}): nothing to measure")
+        rung.passed, rung.judged = True, False
+        return rung
+    if c.d.max_nodes < 2:
+        rung.reason = "the partition offers the ladder one node: no group can span two trays"
+        rung.passed, rung.judged = True, False
+        return rung
+    job = c.runner.run("nvlink", c.d.overrides(2, ["python3", "-m", "clusterctl.qualify.commbench"])
+                       + [f"parallel.tp={2 * per}", "restart.mode=none"])
+    rung.runs.append(str(job.run.path))
+    if not job.completed:
+        return _failed(rung, job)
+    segments = job.job.plan.segments
+    rung.measured["segment"] = segments.as_dict() if segments else None
+    try:
+        report = json.loads((job.run.attempt(1) / "commbench.json").read_text())
+    except (OSError, ValueError):
+        rung.reason = f"no results in {job.run.attempt(1) / 'commbench.json'}"
+        return rung
+    got = max((r["busbw_gbs"] for r in report.get("results", []) if r.get("kind") in ("tp", "world")  # the job is one tp group
+               and r.get("op") == "all_reduce" and "busbw_gbs" in r), default=None)
+    rung.measured.update(backend=report.get("backend"), tp_busbw_gbs=got)
+    if want and rung.judged and (got is None or got < want):
+        rung.reason = f"tp all-reduce busbw {got} GB/s across two trays < expected {want} GB/s (expected.busbw_gbs.mnnvl)"
+        return rung
+    rung.passed = True
+    return rung
+
+
 def boundary(c: Context) -> Rung:
     nodes = c.d.max_nodes
     rung = Rung("boundary", f"the same training on {nodes} nodes completes; which groups cross nodes and which"
@@ -437,5 +478,6 @@ def quality(job: JobRun, target: float | None) -> dict[str, Any]:
             "step": reached.get("step") if reached else None, "best_val_loss": min(vals) if vals else None, "run": str(job.run.path)}
 
 
-SHORT: dict[str, Callable[[Context], Rung]] = {"worker": worker, "node": node, "comm": comm, "boundary": boundary,
+SHORT: dict[str, Callable[[Context], Rung]] = {"worker": worker, "node": node, "comm": comm, "nvlink": nvlink,
+                                               "boundary": boundary,
                                                "data": data, "restart": restart, "failure": failure, "long": long}

@@ -46,7 +46,9 @@ Behaviour is pinned to Slurm 22.05 as measured on the test cluster
   allow, on the first emulated nodes (in inventory order) not excluded;
   jobs never wait for each other (nodes are shared, --exclusive and CPUs are
   not accounted between jobs), there is no partition, topology (--switches is
-  recorded and ignored) or feature model (--constraint is refused), and a
+  recorded and ignored; --segment, from Slurm 24.05, is checked against
+  --nodes and recorded, but no block keeps a segment's nodes together: the
+  nodes come in inventory order) or feature model (--constraint is refused), and a
   request for more nodes than exist is refused at submit rather than left
   PENDING. A requeued job waits CLUSTERCTL_LOCAL_REQUEUE_DELAY (1 s; Slurm:
   cred_expire + 1 s and a scheduler pass, 6 s on the test cluster, >= 121 s

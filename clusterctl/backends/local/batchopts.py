@@ -46,6 +46,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "partition": ("p", "yes"),
     "account": ("A", "yes"),
     "switches": ("", "yes"),
+    "segment": ("", "yes"),
     "constraint": ("C", "yes"),
     "dependency": ("d", "yes"),
     "chdir": ("D", "yes"),
@@ -84,6 +85,7 @@ class Request:
     partition: str | None = None
     account: str | None = None
     switches: str | None = None
+    segment: int | None = None  # Slurm 24.05's --segment: checked against --nodes and recorded (no blocks here)
     dependency: list[list] = field(default_factory=list)  # [type, job id]
     chdir: str | None = None
     parsable: bool = False
@@ -312,6 +314,8 @@ def apply(request: Request, pairs: list[tuple[str, str | None]], where: str) -> 
             request.account = text
         elif name == "switches":
             request.switches = text  # recorded; emulated nodes have no switch tree
+        elif name == "segment":
+            request.segment = _positive(name, text)  # recorded; emulated nodes have no blocks to keep it in
         elif name == "constraint":
             if text:
                 raise OptionError(f"--constraint={text}: emulated nodes have no features (Invalid feature specification)")
@@ -331,6 +335,9 @@ def parse_request(script_text: str, command_line: list[str]) -> Request:
     request = Request()
     apply(request, split_options(directives(script_text), "in an #SBATCH line"), "in an #SBATCH line")
     apply(request, split_options(command_line, "on the command line"), "on the command line")
+    if request.segment and request.nodes and request.nodes > request.segment and request.nodes % request.segment:
+        raise OptionError(f"--segment={request.segment}: {request.nodes} nodes are not a whole number of segments"
+                          " (Requested node configuration is not available)")
     return request
 
 
