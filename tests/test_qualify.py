@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import cli
+import yaml
+from helpers import REPO, cli
 
 from clusterctl.exitcodes import ExitCode
 
@@ -24,9 +25,19 @@ def spec(tmp_path: Path, site: str = "local", **qualify: Any) -> Path:
     return path
 
 
+def block_local(tmp_path: Path) -> Path:
+    """The local site as NVL-style racks: an NVLink domain of two nodes, each pair of nodes a block."""
+    site = yaml.safe_load((REPO / "site-configs" / "local.yaml").read_text())
+    for node_type in site["node_types"].values():
+        node_type["nvlink_domain"] = 2 * len(node_type["gpus"])
+    site["topology"] = {"kind": "block", "blocks": [{"name": "b1", "nodes": "node[1-2]"}, {"name": "b2", "nodes": "node[3-4]"}]}
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(site))
+    return tmp_path / "local.yaml"
+
+
 def test_the_whole_ladder_on_the_local_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
-    result = cli("qualify", spec(tmp_path), "-o", tmp_path / "out", "--json")
+    result = cli("qualify", spec(tmp_path, site=str(block_local(tmp_path))), "-o", tmp_path / "out", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report == json.loads((tmp_path / "out" / "report.json").read_text())
@@ -48,9 +59,10 @@ def test_the_whole_ladder_on_the_local_backend(tmp_path: Path, monkeypatch: pyte
     assert rung["boundary"]["measured"]["crossing_groups"]["dp"]["cross_node"] == 1
     comm = rung["comm"]["measured"]
     assert comm["busbw_gbs"]["world"] > 0 and {r["op"] for r in comm["results"]} == {"all_reduce", "all_gather", "reduce_scatter"}
-    # The local site's NVLink domains stay inside a node: the rung says why it has nothing to measure.
-    assert rung["nvlink"]["passed"] and not rung["nvlink"]["judged"] and not rung["nvlink"]["runs"]
-    assert "has no NVLink domain spanning nodes" in rung["nvlink"]["reason"]
+    # Racks of two nodes: a tp group across two nodes of one block, inside one segment, all-reduces.
+    nvlink = rung["nvlink"]
+    assert nvlink["passed"] and len(nvlink["runs"]) == 1 and nvlink["measured"]["tp_busbw_gbs"] > 0
+    assert nvlink["measured"]["segment"]["size"] == 2 and nvlink["measured"]["segment"]["spans"] == {"tp": 2}
     # Emulated GPUs share CPUs: performance measured, not judged.
     assert not rung["node"]["judged"] and not rung["scaling"]["judged"]
     assert [p["nodes"] for p in report["scaling"]] == [1, 2]
@@ -83,36 +95,18 @@ def test_a_rung_that_fails_stops_the_ladder_with_its_reason(tmp_path: Path, monk
 @pytest.mark.slurm
 def test_the_first_node_boundary_on_the_slurm_test_cluster(slurm_lab, tmp_path: Path,  # noqa: ANN001
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rung that differs on real hosts, alone (--from): the rungs below it are the local ladder's."""
+    """The rung that differs on real hosts (--from): the rungs below it are the local ladder's. The test cluster has
+    no NVLink domain spanning nodes: the nvlink rung runs no job and says why."""
     monkeypatch.setenv("SLURM_CONF", slurm_lab.conf)
-    result = cli("qualify", spec(tmp_path, site="slurm-lab"), "-o", tmp_path / "out", "--from", "boundary", "--up-to", "boundary",
+    result = cli("qualify", spec(tmp_path, site="slurm-lab"), "-o", tmp_path / "out", "--from", "nvlink", "--up-to", "boundary",
                  "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert [r["name"] for r in report["rungs"]] == ["boundary"] and report["started_at"] == "boundary"
+    assert [r["name"] for r in report["rungs"]] == ["nvlink", "boundary"] and report["started_at"] == "nvlink"
     assert all(r["passed"] for r in report["rungs"]), report["rungs"]
+    nvlink = report["rungs"][0]
+    assert not nvlink["runs"] and not nvlink["judged"] and "has no NVLink domain spanning nodes" in nvlink["reason"]
     boundary = {r["name"]: r for r in report["rungs"]}["boundary"]["measured"]
     assert {a["host"] for a in boundary["adapters"].values()} <= {"n1", "n2", "n3", "n4"} and len(boundary["adapters"]) == 2
     assert all(a["nics"] == ["lo"] for a in boundary["adapters"].values())
 
-
-def test_the_nvlink_rung_runs_a_tp_group_across_two_trays_where_the_site_has_such_domains(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The local site as one NVL-style domain per two nodes (a block each): the rung's job really runs, its tp
-    group across two nodes inside one segment."""
-    import yaml
-    from helpers import REPO
-
-    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
-    site = yaml.safe_load((REPO / "site-configs" / "local.yaml").read_text())
-    for node_type in site["node_types"].values():
-        node_type["nvlink_domain"] = 2 * len(node_type["gpus"])
-    site["topology"] = {"kind": "block", "blocks": [{"name": "b1", "nodes": "node[1-2]"}, {"name": "b2", "nodes": "node[3-4]"}]}
-    (tmp_path / "local.yaml").write_text(yaml.safe_dump(site))
-    result = cli("qualify", spec(tmp_path, site=str(tmp_path / "local.yaml")), "-o", tmp_path / "out", "--from", "nvlink",
-                 "--up-to", "nvlink", "--json")
-    assert result.exit_code == 0, result.output
-    rung = json.loads(result.stdout)["rungs"][0]
-    assert rung["name"] == "nvlink" and rung["passed"] and len(rung["runs"]) == 1
-    assert rung["measured"]["segment"]["size"] == 2 and rung["measured"]["segment"]["spans"] == {"tp": 2}
-    assert rung["measured"]["tp_busbw_gbs"] > 0
