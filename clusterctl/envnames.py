@@ -44,3 +44,7 @@ LOCAL_STATE = "CLUSTERCTL_LOCAL_STATE"
 def coord_var(axis: str) -> str:
     """`tp` -> `CLUSTERCTL_TP_RANK`."""
     return f"{COORD_PREFIX}{axis.upper()}_RANK"
+
+# Read by each rank's gpu check when the job's groups span nodes over NVLink: where the node's IMEX channel
+# devices are (default /dev/nvidia-caps-imex-channels; a site or a test that keeps them elsewhere sets it).
+IMEX_CHANNELS = "CLUSTERCTL_IMEX_CHANNELS"

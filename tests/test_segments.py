@@ -244,3 +244,29 @@ def _expand(expr: str) -> list[str]:
     from clusterctl.syntax import hostlist
 
     return hostlist.expand(expr)
+
+
+def test_a_tp_group_that_slurm_put_in_two_racks_is_refused_before_training(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end on the local backend: two trays of one tp group whose GPUs report two NVLink fabrics (a stand-in
+    NVML); the start-up check refuses the attempt naming both sides, and no node is excluded."""
+    monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
+    site = yaml.safe_load((REPO / "site-configs" / "local.yaml").read_text())
+    for node_type in site["node_types"].values():
+        node_type.update(gpu_vendor="nvidia", nvlink_domain=2 * len(node_type["gpus"]))
+    site["topology"] = {"kind": "block", "blocks": [{"name": "b1", "nodes": "node[1-2]"}, {"name": "b2", "nodes": "node[3-4]"}]}
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(site))
+    (tmp_path / "imex").mkdir()
+    (tmp_path / "imex" / "channel0").touch()
+    fake = REPO / "tests" / "programs" / "fakefabric"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "name": "split", "site": str(tmp_path / "local.yaml"), "time_limit": "10m", "nodes": 2, "gpus_per_node": 1,
+        "parallel": {"tp": 2}, "restart": {"budget": 0}, "command": ["true"],
+        "env": {"PYTHONPATH": str(fake), "FAKE_FABRIC_RACKS": "node1=1,node2=2", "CLUSTERCTL_IMEX_CHANNELS": str(tmp_path / "imex")}}))
+    result = cli("submit", "job.yaml", "--wait", "-b", "local", cwd=tmp_path)
+    assert result.exit_code == 87, result.output
+    said = " ".join(result.output.split())
+    assert ("NVLink placement failed: a tp group spans 2 NVLink domains: rank 0 on node1 (fabric" in said
+            and "/1); rank 1 on node2 (fabric" in said), said
+    attempts = [json.loads(line) for line in next((tmp_path / "runs").iterdir()).joinpath("attempts.jsonl").read_text().splitlines()]
+    assert all(not e.get("exclude") for e in attempts if e.get("event") == "next")  # healthy nodes: none excluded

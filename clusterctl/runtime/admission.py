@@ -157,7 +157,7 @@ def nvlink_split(records: dict[int, dict[str, Any]], groups: Iterable[tuple[str,
         if len(sides) < 2:
             continue
         said = "; ".join(
-            f"ranks {_ranges(ranks)} on {', '.join(dict.fromkeys(records[r].get('host') or host_of(r) for r in ranks))}"
+            f"{'rank' if len(ranks) == 1 else 'ranks'} {_ranges(ranks)} on {', '.join(dict.fromkeys(records[r].get('host') or host_of(r) for r in ranks))}"
             f" (fabric {fabric})" for fabric, ranks in sides.items())
         culprits = [{"rank": r, "host": records[r].get("host") or host_of(r), "reason": "NVLink domain", "exclude": False}
                     for ranks in sides.values() for r in ranks]

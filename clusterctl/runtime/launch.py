@@ -154,6 +154,7 @@ def preflight(info: Any) -> list[dict[str, Any]]:
         shared_marker=marker_path(checkpoint_dir, info.token) if info.token else None,
         shared_token=info.token or None,
         imex=bool(run.segment_nodes) and run.node_type.gpu_vendor == "nvidia",
+        imex_dir=os.environ.get(envnames.IMEX_CHANNELS) or PreflightContext.imex_dir,
     )
     return [
         {"name": r.name, "ok": r.ok, "skipped": r.skipped, "detail": r.detail, "data": r.data}
