@@ -155,16 +155,17 @@ def test_a_remote_runs_group_is_checked_on_the_login_node_not_on_the_laptop(tmp_
 
 
 def test_a_sharing_group_never_gets_the_secrets_files(tmp_path: Path) -> None:
-    """`submit-run` gives a shipped run its group: its secret_env values and an attempt's token stay the owner's."""
+    """`submit-run` gives a shipped run its group: its secret_env values, an attempt's token and a container's rank
+    environment stay the owner's."""
     import grp
 
     run = tmp_path / "run"
     (run / "attempt-1").mkdir(parents=True)
-    for name in ("spec.yaml", ".secrets.env", "attempt-1/.token", "attempt-1/attempt.json"):
+    for name in ("spec.yaml", ".secrets.env", ".rank.env", "attempt-1/.token", "attempt-1/attempt.json"):
         (run / name).write_text("x")
     access.Access("group", grp.getgrgid(os.getgid()).gr_name).apply(run)
     found = {p.name: stat.S_IMODE(p.stat().st_mode) for p in run.rglob("*") if p.is_file()}
-    assert found == {"spec.yaml": 0o640, ".secrets.env": 0o600, ".token": 0o600, "attempt.json": 0o640}
+    assert found == {"spec.yaml": 0o640, ".secrets.env": 0o600, ".rank.env": 0o600, ".token": 0o600, "attempt.json": 0o640}
 
 
 STRANGER_SCRIPT = r"""

@@ -25,8 +25,6 @@ from clusterctl.config.site import Site
 from clusterctl.config.spec import JobSpec
 from clusterctl.errors import Problem
 
-RANK_ENV = ".rank.env"
-"""The run's rank environment (in the run directory, the owner's only), rewritten by each attempt before srun."""
 TASK_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURMD_NODENAME", "SLURM_STEP_GPUS",
              "SLURM_JOB_GPUS", "SLURM_JOB_ID", "SLURM_STEP_ID")
 """What srun gives each task and the wrapper reads: kept as the host has it inside the container."""

@@ -25,7 +25,7 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan import Plan
 from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
-from clusterctl.render.container import RANK_ENV, TASK_VARS, apptainer_flags, pyxis_flags, rank_env_names
+from clusterctl.render.container import TASK_VARS, apptainer_flags, pyxis_flags, rank_env_names
 from clusterctl.render.container import resolve as resolve_container
 from clusterctl.rundir import attemptjson, secretenv
 from clusterctl.rundir.access import GROUP, Access
@@ -196,7 +196,7 @@ def render_run(
         "site_env": sorted(site_env.items()),
         "container": container.runtime if container else "",
         "container_mounts": ",".join(container.binds) if container else "",
-        "rank_env": str(run_dir / RANK_ENV),
+        "rank_env": str(run_dir / rundir.RANK_ENV),
         "rank_env_names": rank_env_names(list(site_env), list(spec.secret_env)),
         "srun_extra": srun_extra,
         "controller_argv": controller_argv(python, standalone),
@@ -240,7 +240,7 @@ def render_run(
         "image": container.image if container else "",
         "package_dir": container.package_dir if container else "",
         "task_vars": [*TASK_VARS, VISIBILITY_VAR[node_type.gpu_vendor]],
-        "rank_env": str(run_dir / RANK_ENV),
+        "rank_env": str(run_dir / rundir.RANK_ENV),
     }
     env = template_env(site_templates_dir(plan, site_path))
     try:

@@ -11,6 +11,8 @@
                                in the allocation, continuation job J, requeue, stop)
       state.json               submission state: rendered, submitted (job id), failed (reason)
       cancel.json              `clusterctl cancel` was asked: no attempt starts, nothing continues
+      .rank.env                in a container: the attempt's variables the wrapper sets again inside the image
+                               (the token and secret_env among them), the owner's only (0600) whatever runs_mode
       attempt-<N>/
         attempt.json           job id, attempt, master addr/port, nodes
         .token                 the attempt's secret, the owner's only (0600) whatever runs_mode
@@ -70,6 +72,7 @@ RECORD = "record.json"  # the run record's node-side part, per attempt (runrecor
 SUBMITIT = "submitit"  # the submitit executor's pickles (integrations/submitit/paths.py names them)
 HOSTS = "hosts"  # attempt-N/hosts: the ranks' nodes, one per line in slot order (srun --nodelist reads it)
 CONTROLLER_JSON = "controller.json"  # attempt-N/: the controller's ports, pid, host and shared-fs marker
+RANK_ENV = ".rank.env"  # in a container: the attempt's rank environment, rewritten before each srun, the owner's only
 TOKEN_FILE = ".token"  # attempt-N/: the attempt's secret, the owner's only whatever runs_mode (attempt.json is the group's to read)
 NODE_LOG = "node-{slot}.log"  # attempt-N/logs/: one node's ranks, lines labelled by rank (srun's node-%n.log)
 AGGREGATOR_LOG = "aggregator-{slot}.log"  # attempt-N/logs/: one node's aggregator
