@@ -86,7 +86,7 @@ def record(rank: int) -> dict:
     return {
         "rank": rank, "world_size": WORLD, "local_rank": rank % GPN, "host": HOSTS[rank // GPN], "pid": 1000 + rank,
         "proof": registration_proof(TOKEN, rank, HOSTS[rank // GPN], 1000 + rank), "gpu": rank % GPN, "cpus": str(rank % GPN), "numa": 0, "nics": ["lo"],
-        "versions": {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None},
+        "versions": {"torch": "2.13.0", "cuda": None, "nccl": None, "hip": None}, "fabric": None,
         "preflight": [{"name": "cpu", "ok": True, "skipped": False, "detail": "bound", "data": {"seen": "0"}}],
         "timings": {"started": 1.0 + rank, "torch_imported": 2.0 + rank},
     }
