@@ -380,7 +380,7 @@ class Container(Section):
     image: Annotated[str, Field(pattern=r"^[^\s\x00-\x1f\x7f]+$")] | None = Field(
         None,
         description="container image: a registry reference (pyxis: nvcr.io#nvidia/pytorch:25.01-py3), a .sqsh or .sif"
-        " file, or an Apptainer URI; one word, no spaces or control characters; omit the field to run without one",
+        " file, or an Apptainer URI; one word, no spaces or control characters; omit the field to run without a container",
     )
     mounts: list[Annotated[str, Field(pattern=MOUNT)]] = Field(
         default_factory=list, description="SRC[:DST[:FLAGS]] bound into the container, after the site's mounts"
