@@ -116,6 +116,10 @@ def container_site(tmp_path: Path) -> Path:
         if os.environ.get("CI"):
             pytest.fail("bubblewrap is not installed (CI is set): make sysdeps installs it", pytrace=False)
         pytest.skip("bubblewrap (bwrap) is not installed: make sysdeps installs Debian's")
+    tried = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"],
+                           capture_output=True, text=True)
+    if tried.returncode != 0:  # a machine that cannot make mount namespaces cannot host a container at all
+        pytest.skip(f"bwrap cannot make a container here: {tried.stderr.strip()}")
     image = tmp_path / "work" / "image"
     (image / ".singularity.d" / "env").mkdir(parents=True)
     (image / ".singularity.d" / "env" / "90-environment.sh").write_text(IMAGE_ENV)
