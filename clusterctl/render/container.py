@@ -73,11 +73,16 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
+def task_vars(visibility_var: str) -> list[str]:
+    """The task's own variables kept as the host has them inside the image: srun's, and the GPUs it gave."""
+    return [*TASK_VARS, visibility_var]
+
+
 def pyxis_flags(c: ContainerPlan, visibility_var: str) -> list[str]:
     """srun's flags for pyxis but the mounts, which the batch script gives with the submit directory (known only
     there) added, as mount and as working directory."""
     flags = [f"--container-image={c.image}", f"--container-name={c.name}",
-             f"--container-env={','.join((*TASK_VARS, visibility_var))}"]
+             f"--container-env={','.join(task_vars(visibility_var))}"]
     if c.writable is not None:
         flags.append("--container-writable" if c.writable else "--container-readonly")
     return flags

@@ -25,7 +25,7 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan import Plan
 from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
-from clusterctl.render.container import TASK_VARS, apptainer_flags, pyxis_flags, rank_env_names
+from clusterctl.render.container import apptainer_flags, pyxis_flags, rank_env_names, task_vars
 from clusterctl.render.container import resolve as resolve_container
 from clusterctl.rundir import attemptjson, secretenv
 from clusterctl.rundir.access import GROUP, Access
@@ -239,7 +239,7 @@ def render_run(
         "apptainer": [container.apptainer, "exec", *apptainer_flags(container, node_type.gpu_vendor)] if container else [],
         "image": container.image if container else "",
         "package_dir": container.package_dir if container else "",
-        "task_vars": [*TASK_VARS, VISIBILITY_VAR[node_type.gpu_vendor]],
+        "task_vars": task_vars(VISIBILITY_VAR[node_type.gpu_vendor]),
         "rank_env": str(run_dir / rundir.RANK_ENV),
     }
     env = template_env(site_templates_dir(plan, site_path))

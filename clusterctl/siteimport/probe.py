@@ -38,7 +38,6 @@ from clusterctl.syntax.cpulist import parse_cpulist
 from clusterctl.syntax.slurmrelease import major_minor, release_name
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
-SCONTROL_TIMEOUT_S = 10.0
 QUERY = ["--query-gpu=index,name,memory.total,pci.bus_id", "--format=csv,noheader,nounits"]
 
 
@@ -206,11 +205,9 @@ def probe(
 
 
 def slurm_release(run: Runner = subprocess.run) -> str | None:
-    """This machine's Slurm release from `scontrol --version` ("24.05"), or None when it does not answer
-    (no Slurm here, or no configuration it can reach: scontrol then exits non-zero)."""
-    try:
-        done = run(["scontrol", "--version"], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    release = major_minor(done.stdout) if done.returncode == 0 else None
+    """This machine's Slurm release ("24.05") from `scontrol --version`, or None when it does not answer."""
+    from clusterctl.backends.slurm.pyslurmprobe import scontrol_version
+
+    text = scontrol_version(run=run)
+    release = major_minor(text) if text else None
     return release_name(release) if release else None

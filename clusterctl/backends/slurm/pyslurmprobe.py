@@ -21,8 +21,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from clusterctl.syntax.slurmrelease import major_minor
 
@@ -121,9 +123,14 @@ def _probe_now(conf: str, version: str, path: str) -> tuple[str | None, bool]:
 
 
 def _scontrol_version(conf: str, path: str) -> str | None:
-    env = {**os.environ, "SLURM_CONF": conf, "PATH": path}
+    return scontrol_version({**os.environ, "SLURM_CONF": conf, "PATH": path})
+
+
+def scontrol_version(env: dict[str, str] | None = None, run: Callable[..., Any] = subprocess.run) -> str | None:
+    """What `scontrol --version` prints ("slurm 24.05.3"), or None when it does not answer with a release
+    (no Slurm here, or no configuration it can reach: scontrol then exits non-zero)."""
     try:
-        proc = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env, check=False)
+        proc = run(["scontrol", "--version"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 and major_minor(proc.stdout) else None
