@@ -220,6 +220,17 @@ def test_a_killed_rank_is_the_culprit_not_the_ranks_that_saw_it_go() -> None:
     assert blame.message.startswith("rank 2 on n2 failed")
 
 
+def test_a_rank_killed_inside_a_container_or_shell_is_reported_as_the_signal() -> None:
+    """A process a signal ended under bash or a container runtime exits 128 + N: the blame says which signal."""
+    lines = """srun: error: n2: task 2: Exited with exit code 137
+srun: launch/slurm: _step_signal: Terminating StepId=5.0
+srun: error: n1: tasks 0-1: Terminated""".splitlines()
+    blame = blame_end(Facts(world=4, hosts=HOSTS, gpus_per_node=2, srun=parse_srun_lines(lines)))
+    assert [c["rank"] for c in blame.culprits] == [2]
+    assert blame.culprits[0]["reason"] == ("exited with code 137 (128 + SIGKILL: a signal, as a shell or container"
+                                           " reports it) on its own")
+
+
 def test_a_rank_whose_script_raised_is_the_culprit_even_if_a_victim_exited_first() -> None:
     lines = """srun: error: n1: task 0: Exited with exit code 1
 srun: error: n1: task 1: Exited with exit code 1

@@ -21,6 +21,7 @@ and returns a verdict. The rule (also in docs/design/watchdog.md):
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,16 @@ class Facts:
         return {"rank": rank, "host": self.host(rank), "gpu": self.gpus.get(rank), "reason": reason}
 
 
+def _as_signal(code: int | None) -> str:
+    """128 + N is how a shell or a container runtime (Apptainer, bwrap) reports a process that signal N ended."""
+    if not code or code <= 128:
+        return ""
+    try:
+        return f" (128 + {signal.Signals(code - 128).name}: a signal, as a shell or container reports it)"
+    except ValueError:
+        return ""
+
+
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     # A traceback's last line names the exception; a plain message is its own first line.
@@ -145,7 +156,7 @@ def blame_end(facts: Facts) -> Verdict | None:
         if end.signalled:
             return f"killed by a signal ({end.what}) before any peer failed"
         if _failing_code(end.exit_code):
-            return f"exited with code {end.exit_code} on its own"
+            return f"exited with code {end.exit_code}{_as_signal(end.exit_code)} on its own"
         return None
 
     culprits = {r: why for r in sorted(failed) if (why := own_failure(r)) is not None}
