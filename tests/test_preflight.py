@@ -193,7 +193,7 @@ def test_gpu_healthy(gpu: FakeGPU) -> None:
         "driver_version": "570.86.15",
         "memory": {"total": 80 << 30, "used": 1 << 30, "free": 79 << 30},
         "temperature_c": 41,
-        "fabric": "unsupported",  # an H100 outside an NVL72 rack has no multi-node NVLink fabric
+        "fabric_state": "unsupported",  # an H100 outside an NVL72 rack has no multi-node NVLink fabric
         "ecc_mode": "enabled",
         "ecc_volatile_uncorrected": 0,
         "ecc_volatile_corrected": 7,
@@ -212,7 +212,7 @@ def test_gpu_in_an_nvl72_rack_reports_its_fabric(gpu: FakeGPU) -> None:
     assert fabric_id([{"name": "gpu", "data": r.data}]) == "000102030405060708090a0b0c0d0e0f/7"
     gpu.fabric = types.SimpleNamespace(clusterUuid=bytes(16), cliqueId=0, state=1, status=0)  # still registering
     r = only("gpu", make_ctx())
-    assert r.ok and r.data["fabric"].startswith("not registered") and fabric_id([{"name": "gpu", "data": r.data}]) is None
+    assert r.ok and r.data["fabric_state"].startswith("not registered") and fabric_id([{"name": "gpu", "data": r.data}]) is None
 
 
 def test_gpu_without_an_imex_channel_fails_when_the_job_spans_racks(gpu: FakeGPU, tmp_path: Path) -> None:

@@ -169,14 +169,15 @@ def imex_problem(ctx: PreflightContext) -> str | None:
 
 
 def _fabric(nvml: Any, query: Callable[..., Any], data: dict[str, Any]) -> None:
-    """The GPU's NVLink fabric identity (cluster UUID and clique): GPUs with the same one share a multi-node
-    NVLink domain (an NVL72 rack). The controller compares it across each NVLink-bound group."""
-    info = query("fabric", "nvmlDeviceGetGpuFabricInfo")
+    """The GPU's NVLink fabric identity (cluster UUID and clique) in data["fabric"]: GPUs with the same one share a
+    multi-node NVLink domain (an NVL72 rack), and the controller compares it across each NVLink-bound group.
+    Anything else (no fabric on this GPU, one still registering, an error) goes to data["fabric_state"]."""
+    info = query("fabric_state", "nvmlDeviceGetGpuFabricInfo")
     if info is None:
         return
     state, completed = getattr(info, "state", None), getattr(nvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
     if state != completed or getattr(info, "status", 0) != 0:
-        data["fabric"] = f"not registered (state {state}, status {getattr(info, 'status', None)})"
+        data["fabric_state"] = f"not registered (state {state}, status {getattr(info, 'status', None)})"
         return
     uuid = getattr(info, "clusterUuid", b"")
     uuid_text = bytes(uuid).hex() if isinstance(uuid, (bytes, bytearray, list, tuple)) else str(uuid)
@@ -185,11 +186,9 @@ def _fabric(nvml: Any, query: Callable[..., Any], data: dict[str, Any]) -> None:
 
 def fabric_id(checks: list[dict[str, Any]]) -> str | None:
     """A registration's fabric identity from its gpu check's data, when the GPU has one."""
-    for check in checks:
-        if check.get("name") == "gpu":
-            value = (check.get("data") or {}).get("fabric")
-            return value if isinstance(value, str) and "/" in value and not value.startswith("not ") else None
-    return None
+    gpu = next((c for c in checks if c.get("name") == "gpu"), {})
+    value = (gpu.get("data") or {}).get("fabric")
+    return value if isinstance(value, str) else None
 
 
 def _check_ecc(nvml: Any, query: Callable[..., Any], data: dict[str, Any], problems: list[str]) -> None:
