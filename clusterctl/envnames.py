@@ -48,3 +48,10 @@ def coord_var(axis: str) -> str:
 # Read by each rank's gpu check when the job's groups span nodes over NVLink: where the node's IMEX channel
 # devices are (default /dev/nvidia-caps-imex-channels; a site or a test that keeps them elsewhere sets it).
 IMEX_CHANNELS = "CLUSTERCTL_IMEX_CHANNELS"
+
+# Warm processes (runtime/warm/): set by the batch script when each node runs a process server. WARM names the
+# servers (abstract Unix sockets, one per node: WARM + "." + node), WARM_SINCE is when they were (re)started.
+# START is set in each rank: "warm ..." when it was forked from its node's server, "cold: <why>" when not.
+WARM = "CLUSTERCTL_WARM"
+WARM_SINCE = "CLUSTERCTL_WARM_SINCE"
+START = "CLUSTERCTL_START"

@@ -275,6 +275,17 @@ class Restart(Section):
         "continuation", description="how a run continues after leaving the allocation"
     )
     in_allocation: bool = Field(True, description="first try a restart inside the same allocation")
+    warm: bool = Field(
+        True,
+        description="fork every attempt's ranks and controller from a process server per node (spares included) that"
+        " imported torch once for the whole job; off, or where it cannot serve, each process starts cold"
+        " (docs/guide/recovery.md)",
+    )
+    preimport: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = Field(
+        default_factory=list,
+        description="more modules the warm process servers import before forking (lightning, transformers, your"
+        " package): a module your command runs with -m must not be one",
+    )
 
 
 class Watchdog(Section):

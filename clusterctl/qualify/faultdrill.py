@@ -178,9 +178,10 @@ def node_python(run: RunDir) -> str:
     with contextlib.suppress(OSError, ValueError):
         match = re.search(r"^CONTROLLER=\((.*)\)\s*$", run.sbatch.read_text(), re.M)
         if match:
-            words = shlex.split(match.group(1))
-            if len(words) >= 3 and words[1:3] == ["-m", "clusterctl.runtime.controller"]:
-                return words[0]
+            words = shlex.split(match.group(1))  # [python -m clusterctl.runtime.warm.client --] python -m ...controller
+            for i in range(1, len(words) - 1):
+                if words[i:i + 2] == ["-m", "clusterctl.runtime.controller"]:
+                    return words[i - 1]
     return sys.executable
 
 

@@ -93,9 +93,12 @@ def site_templates_dir(plan: Plan, site_path: Path | None) -> Path | None:
     return path
 
 
-def controller_argv(python: str, standalone: bool) -> list[str]:
-    """The batch script's controller command (none in standalone mode: rank 0 hosts the store)."""
-    return [] if standalone else [python, "-m", "clusterctl.runtime.controller"]
+def controller_argv(python: str, standalone: bool, warm: bool = False) -> list[str]:
+    """The batch script's controller command (none in standalone mode: rank 0 hosts the store); forked warm where it can be."""
+    if standalone:
+        return []
+    client = [python, "-m", "clusterctl.runtime.warm.client", "--"] if warm else []
+    return [*client, python, "-m", "clusterctl.runtime.controller"]
 
 
 def aggregator_argv(python: str, standalone: bool) -> list[str]:
@@ -106,6 +109,21 @@ def aggregator_argv(python: str, standalone: bool) -> list[str]:
 def recovery_argv(python: str, standalone: bool) -> list[str]:
     """The batch script's recovery step (none in standalone mode: each job runs one attempt)."""
     return [] if standalone else [python, "-m", "clusterctl.runtime.nextattempt"]
+
+
+def warm_argv(plan: Plan, python: str, standalone: bool, containerized: bool) -> list[str]:
+    """The warm process servers' command, none when the job runs cold.
+
+    Cold where the spec says so, in standalone mode (no clusterctl on the
+    nodes), and in a container: the ranks run inside the image, the batch
+    script outside it, and no server runs in the image yet.
+    """
+    if standalone or containerized or not plan.spec.restart.warm:
+        return []
+    argv = [python, "-m", "clusterctl.runtime.warm.server"]
+    for module in plan.spec.restart.preimport:
+        argv += ["--import", module]
+    return argv
 
 
 def launcher_argv(plan: Plan, python: str, standalone: bool) -> list[str]:
@@ -157,6 +175,7 @@ def render_run(
     if container is not None and container.runtime == "pyxis":
         srun_extra += pyxis_flags(container, VISIBILITY_VAR[node_type.gpu_vendor])
     site_env = job_site_env(plan)
+    warm = warm_argv(plan, python, standalone, container is not None)
     common = {
         "name": spec.name,
         "world": plan.world_size,
@@ -199,7 +218,10 @@ def render_run(
         "rank_env": str(run_dir / rundir.RANK_ENV),
         "rank_env_names": rank_env_names(list(site_env), list(spec.secret_env)),
         "srun_extra": srun_extra,
-        "controller_argv": controller_argv(python, standalone),
+        "controller_argv": controller_argv(python, standalone, bool(warm)),
+        "warm_argv": warm,
+        "warm_log": rundir.WARM_LOG.format(job="${SLURM_JOB_ID}"),
+        "job_env": sorted(spec.env.items()),
         "aggregator_argv": aggregator_argv(python, standalone),
         "recovery_argv": recovery_argv(python, standalone),
         "srun_log": rundir.SRUN_LOG,
@@ -249,7 +271,8 @@ def render_run(
     except jinja2.TemplateError as exc:
         where = getattr(exc, "filename", None) or getattr(exc, "name", None) or "template"
         raise ConfigError("templates", [Problem("templates", str(where), f"expected a template that renders ({exc})")]) from None
-    run_json = replace(build_run_json(plan, run_id, table, argv, port_range, standalone),
+    run_json = build_run_json(plan, run_id, table, argv, port_range, standalone)
+    run_json = replace(run_json, restart=replace(run_json.restart, warm=bool(warm)),
                        runs_mode=access.mode, runs_group=access.group, secret_env=tuple(spec.secret_env),
                        container=container.runtime if container else "")
     return Rendered(

@@ -72,6 +72,7 @@ RECORD = "record.json"  # the run record's node-side part, per attempt (runrecor
 SUBMITIT = "submitit"  # the submitit executor's pickles (integrations/submitit/paths.py names them)
 HOSTS = "hosts"  # attempt-N/hosts: the ranks' nodes, one per line in slot order (srun --nodelist reads it)
 CONTROLLER_JSON = "controller.json"  # attempt-N/: the controller's ports, pid, host and shared-fs marker
+WARM_LOG = "warm-{job}.log"  # the warm process servers' own lines, one file per job (their children write to the attempt's logs)
 RANK_ENV = ".rank.env"  # in a container: the attempt's rank environment, rewritten before each srun, the owner's only
 TOKEN_FILE = ".token"  # attempt-N/: the attempt's secret, the owner's only whatever runs_mode (attempt.json is the group's to read)
 NODE_LOG = "node-{slot}.log"  # attempt-N/logs/: one node's ranks, lines labelled by rank (srun's node-%n.log)

@@ -93,6 +93,7 @@ class RestartRecord:
     budget: int = 3
     mode: str = "continuation"
     in_allocation: bool = True
+    warm: bool = False  # the batch script runs warm process servers (runtime/warm/)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,16 @@ def read_environ(pid: int) -> dict[str, str]:
     return env
 
 
+def warm_child_holds(pid: int, token: str, env: dict[str, str]) -> bool:
+    """A rank forked from its node's warm server shows the server's environment in /proc: its server knows its token."""
+    prefix = env.get(envnames.WARM)
+    if not prefix:
+        return False
+    from clusterctl.runtime.warm.protocol import owns
+
+    return owns(prefix, env.get("SLURMD_NODENAME") or os.uname().nodename, pid, token)
+
+
 class Target:
     """One process, pinned (a pidfd where the kernel has them) and checked against the attempt's token."""
 
@@ -110,7 +120,7 @@ class Target:
             env = self.env = read_environ(pid)
             if self.exited():
                 raise Refused(f"no process {pid}: it has exited", "gone")
-            if token is not None and env.get(envnames.TOKEN) != token:
+            if token is not None and env.get(envnames.TOKEN) != token and not warm_child_holds(pid, token, env):
                 held = envnames.TOKEN in env
                 raise Refused(
                     f"pid {pid} does not hold this attempt's token ({envnames.TOKEN}"

@@ -188,6 +188,7 @@ def managed(argv: list[str]) -> int:
         "numa": info.numa,
         "nics": list(info.nics),
         "versions": found,
+        "start": os.environ.get(envnames.START, "cold"),  # warm (forked from the node's server) or cold, and why
         "fabric": fabric_id(checks),  # the GPU's NVLink fabric (cluster/clique): the controller compares NVLink-bound groups
         "preflight": checks,
         "timings": {"started": started, "preflight_done": checked, "torch_imported": time.time()},

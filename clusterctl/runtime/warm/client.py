@@ -1,0 +1,151 @@
+"""Ask this node's warm process server to run a command in a forked child; stand in for that child until it ends.
+
+    python -m clusterctl.runtime.warm.client -- python -m MODULE ARGS...
+
+The client is the process srun (or the batch script) started: it stays the
+task, passes on every signal it can catch (TERM, INT, HUP, QUIT, USR1,
+USR2, ALRM, CONT) and exits as its child did: with its code, or killed by
+the same signal. Its standard streams are the child's (sent as
+descriptors), so srun's labels and the node's log see the child's lines.
+
+Where the warm path cannot run (no server named, none listening on this
+node, or one that answers `cold`), the command starts cold and says why in
+CLUSTERCTL_START: `clusterctl.launch` continues in this very process, any
+other command is exec'd. Standard library only, and little of it: this is
+on the path of every rank of every attempt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+from clusterctl import envnames
+from clusterctl.runtime.warm import protocol
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGALRM, signal.SIGCONT)
+START_WINDOW_S = 20.0  # after the servers were (re)started: a refused connection may only mean "not listening yet"
+RETRY_S = 0.05
+
+
+def node() -> str:
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+
+
+def connect(prefix: str) -> socket.socket | str:
+    """A connection to this node's server, or why there is none."""
+    name = protocol.socket_name(prefix, node())
+    since = os.environ.get(envnames.WARM_SINCE, "")
+    deadline = (float(since) if since.replace(".", "", 1).isdigit() else 0.0) + START_WINDOW_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(name)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if time.time() >= deadline:
+                return f"no warm process server on {node()} ({exc.strerror or exc})"
+        time.sleep(RETRY_S)
+
+
+def request(argv: list[str]) -> dict:
+    return {
+        "op": "run",
+        "argv": argv,
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "umask": current_umask(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "python": sys.executable,
+    }
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def start(argv: list[str]) -> tuple[socket.socket, int] | str:
+    """The connection and the child's pid, or why the command must start cold."""
+    prefix = os.environ.get(envnames.WARM, "")
+    if not prefix:
+        return "no warm process servers in this job"
+    sock = connect(prefix)
+    if isinstance(sock, str):
+        return sock
+    try:
+        protocol.send(sock, request(argv), [0, 1, 2])
+        answer, _ = protocol.receive(sock)
+    except (OSError, protocol.ProtocolError) as exc:
+        sock.close()
+        return f"the warm process server on {node()} did not fork: {exc}"
+    if "pid" not in answer:
+        sock.close()
+        return str(answer.get("cold") or f"the warm process server on {node()} answered {answer}")
+    return sock, int(answer["pid"])
+
+
+def stand_in(sock: socket.socket, pid: int) -> None:
+    """Forward signals to the child until it ends, then end the same way."""
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            protocol.send(sock, {"signal": signum})
+        except OSError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            answer, _ = protocol.receive(sock)
+            break
+        except InterruptedError:
+            continue
+        except (OSError, protocol.ProtocolError):
+            print(f"clusterctl: the warm process server on {node()} ended while its child (pid {pid}) ran",
+                  file=sys.stderr, flush=True)
+            answer = {"killed": signal.SIGKILL}
+            break
+    if "killed" in answer:
+        sig = int(answer["killed"])
+        for caught in FORWARDED:
+            signal.signal(caught, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # ended by the same signal, as srun and the batch script would see the child
+        time.sleep(1)
+    sys.stdout.flush()
+    os._exit(int(answer.get("exit", 1)) & 0xFF)
+
+
+def run_warm(argv: list[str]) -> str:
+    """Run argv warm, never returning once the child exists; else return why it must start cold (set in START)."""
+    if os.environ.get(envnames.START):  # already the forked child (or a cold start said so): do not ask again
+        return os.environ[envnames.START]
+    started = start(argv)
+    if isinstance(started, str):
+        os.environ[envnames.START] = f"cold: {started}"
+        return started
+    stand_in(*started)
+    return ""  # not reached
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        raise SystemExit("usage: python -m clusterctl.runtime.warm.client -- COMMAND ...")
+    run_warm(args)
+    os.execvp(args[0], args)
+
+
+if __name__ == "__main__":
+    main()

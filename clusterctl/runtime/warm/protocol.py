@@ -1,0 +1,120 @@
+"""What a warm client and its node's server say to each other (one definition for both sides).
+
+One stream connection per child, on an abstract Unix socket named
+`<CLUSTERCTL_WARM>.<node>` (no file to leave behind; the server takes only
+its own user's connections, by SO_PEERCRED). Messages are JSON objects, each
+preceded by its length (4 bytes, big-endian). The client opens with a `run`
+request carrying its standard input, output and error as file descriptors
+(SCM_RIGHTS); the server answers `{"pid": P}` once the child is forked, or
+`{"cold": why}` when it will not fork one (the client then starts cold);
+then the client may send `{"signal": N}` any number of times, and the server
+ends with `{"exit": code}` or `{"killed": signal}`. A closed connection ends
+the child: the client is gone, so is the task srun tracks. An `owns` request
+(`{"op": "owns", "pid": P, "token": T}`, answered `{"ok": bool}`) lets the
+fault injector check a forked rank's attempt token, which its /proc environ
+(the server's, from exec) cannot show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import struct
+from typing import Any
+
+HEADER = struct.Struct(">I")
+MAX_MESSAGE = 64 << 20  # a request carries the rank's environment: large, never this large
+FDS = 3  # stdin, stdout, stderr
+
+
+class ProtocolError(Exception):
+    """The other side said something that is not a message, or went away mid-message."""
+
+
+def socket_name(prefix: str, node: str) -> str:
+    """The abstract socket of `node`'s server (the leading NUL makes it abstract)."""
+    return f"\0{prefix}.{node}"
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    data = HEADER.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)
+        if sent < len(data):
+            sock.sendall(data[sent:])
+    else:
+        sock.sendall(data)
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, got = [], 0
+    while got < size:
+        chunk = sock.recv(size - got)
+        if not chunk:
+            raise ProtocolError("connection closed")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def receive(sock: socket.socket, with_fds: bool = False) -> tuple[dict[str, Any], list[int]]:
+    """One message (and the descriptors sent with it: with_fds asks for them, on the first recv)."""
+    fds: list[int] = []
+    if with_fds:
+        data, fds, _flags, _addr = socket.recv_fds(sock, HEADER.size, FDS)
+        if not data:
+            raise ProtocolError("connection closed")
+        if len(data) < HEADER.size:
+            data += _exactly(sock, HEADER.size - len(data))
+    else:
+        data = _exactly(sock, HEADER.size)
+    (size,) = HEADER.unpack(data)
+    if size > MAX_MESSAGE:
+        raise ProtocolError(f"a message of {size} bytes")
+    try:
+        message = json.loads(_exactly(sock, size))
+    except ValueError as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("not a JSON object")
+    return message, fds
+
+
+class Reader:
+    """Messages out of bytes as they arrive (the server reads a child's connection only when it is readable)."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self.data += data
+        out = []
+        while len(self.data) >= HEADER.size:
+            (size,) = HEADER.unpack_from(self.data)
+            if size > MAX_MESSAGE:
+                raise ProtocolError(f"a message of {size} bytes")
+            if len(self.data) < HEADER.size + size:
+                break
+            body, self.data = self.data[HEADER.size:HEADER.size + size], self.data[HEADER.size + size:]
+            with contextlib.suppress(ValueError):
+                message = json.loads(body)
+                if isinstance(message, dict):
+                    out.append(message)
+        return out
+
+
+def owns(prefix: str, node: str, pid: int, token: str, timeout_s: float = 5.0) -> bool:
+    """Does `node`'s server have a child `pid` that it forked with this attempt token? False when it cannot say."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(socket_name(prefix, node))
+        send(sock, {"op": "owns", "pid": pid, "token": token})
+        answer, _ = receive(sock)
+        return answer.get("ok") is True
+    except (OSError, ProtocolError):
+        return False
+    finally:
+        sock.close()

@@ -1,0 +1,277 @@
+"""The warm process server: one per node for the whole job, forking each attempt's processes pre-imported.
+
+    python -m clusterctl.runtime.warm.server [--import MODULE ...]
+
+Started by the batch script once per allocation, as its own srun step on
+every node (spares included), before the first attempt. It listens on its
+node's abstract socket (protocol.py), then imports torch, torch.distributed,
+its checkpointing and DDP/FSDP modules, clusterctl's node side and the
+spec's `restart.preimport` modules, before any thread of its own or CUDA
+context exists; a rank, or the controller, then costs a fork instead of an
+interpreter and ~2 s of CPU of imports, in every attempt.
+
+One thread, one loop: the listening socket, one connection per child and
+SIGCHLD (through a wake-up pipe). A request that this interpreter cannot
+serve faithfully (another Python, or an interpreter setting the server's
+environment fixed at start-up differs) is answered `cold`, naming why, and
+the client starts cold. A connection that closes kills its child: the
+client is the task srun tracks, and a task that srun has ended must leave
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterctl import envnames
+from clusterctl.runtime.warm import protocol
+
+# What every rank and controller imports: torch and its distributed and checkpointing parts, clusterctl's node side.
+IMPORTS = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.nn.parallel",
+    "torch.distributed.fsdp",
+    "numpy",
+    "clusterctl.runtime.launch",
+    "clusterctl.runtime.rendezvous",
+    "clusterctl.runtime.preflight",
+    "clusterctl.runtime.admission",
+    "clusterctl.runtime.watchserver",
+    "clusterctl.trainer.loop",
+)  # never a module that is run as __main__ (clusterctl.launch, the controller): runpy runs those afresh
+# Read once, when the interpreter or torch starts: a request whose value differs gets a cold start.
+FIXED_AT_START = (
+    "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONIOENCODING",
+    "PYTHONWARNINGS", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONINTMAXSTRDIGITS",
+    "TORCH_CPP_LOG_LEVEL", "TORCH_LOGS", "TORCH_SHOW_CPP_STACKTRACES", "LD_PRELOAD", "LD_LIBRARY_PATH",
+)
+SO_PEERCRED = getattr(socket, "SO_PEERCRED", 17)
+CRED = struct.Struct("3i")  # pid, uid, gid
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} clusterctl warm server on {node()}: {message}", file=sys.stderr,
+          flush=True)
+
+
+def node() -> str:
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+
+
+def preimport(names: list[str]) -> dict[str, str]:
+    """Import each module; those that fail are left to the child (which imports them as a cold rank would)."""
+    failed = {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a module missing here is the command's business, not ours
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    return failed
+
+
+def peer_uid(conn: socket.socket) -> int:
+    _pid, uid, _gid = CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, CRED.size))
+    return uid
+
+
+@dataclass
+class Child:
+    conn: socket.socket
+    pid: int = 0
+    token: str = ""
+    reader: protocol.Reader = field(default_factory=lambda: protocol.Reader())
+
+
+@dataclass
+class Server:
+    listener: socket.socket
+    start_env: dict[str, str]
+    forked: int = 0
+    children: dict[int, Child] = field(default_factory=dict)  # by pid
+    conns: dict[int, Child] = field(default_factory=dict)  # by the connection's fd
+
+    def __post_init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def why_cold(self, request: dict[str, Any]) -> str:
+        """'' when this server can run the request as a cold start would, else why not."""
+        if os.path.realpath(str(request.get("python", ""))) != os.path.realpath(sys.executable):
+            return f"the command runs {request.get('python')}, the warm process server {sys.executable}"
+        env = request.get("env") or {}
+        for name in FIXED_AT_START:
+            if env.get(name) != self.start_env.get(name):
+                return f"{name} differs from the warm process server's ({env.get(name)!r}, not {self.start_env.get(name)!r})"
+        return ""
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            if peer_uid(conn) != os.getuid():
+                conn.close()  # another user's process: never fork for it
+                return
+            conn.settimeout(10)
+            request, fds = protocol.receive(conn, with_fds=True)
+        except (OSError, protocol.ProtocolError) as exc:
+            log(f"a request could not be read: {exc}")
+            conn.close()
+            return
+        try:
+            if request.get("op") == "owns":
+                child = self.children.get(int(request.get("pid", 0)))
+                protocol.send(conn, {"ok": bool(child and child.token and child.token == request.get("token"))})
+                return
+            why = self.why_cold(request) if len(fds) == protocol.FDS else f"{len(fds)} descriptors, not {protocol.FDS}"
+            if why:
+                protocol.send(conn, {"cold": why})
+                return
+            self.fork(conn, request, fds)
+            conn = None  # kept: the child's connection
+        except OSError as exc:
+            log(f"a request failed: {exc}")
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if conn is not None:
+                conn.close()
+
+    def fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        self.forked += 1
+        started = f"warm: forked by pid {os.getpid()} on {node()} (its child {self.forked})"
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            self.close_in_child(conn)
+            from clusterctl.runtime.warm.child import become
+
+            become(request, fds, started)  # never returns
+        child = Child(conn, pid, str((request.get("env") or {}).get(envnames.TOKEN, "")))
+        self.children[pid] = child
+        self.conns[conn.fileno()] = child
+        conn.settimeout(None)  # blocking: it is read only when the selector says so, and what it is sent is small
+        self.selector.register(conn, selectors.EVENT_READ, "child")
+        with contextlib.suppress(OSError):
+            protocol.send(conn, {"pid": pid})
+
+    def close_in_child(self, keep: socket.socket) -> None:
+        self.selector.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+        self.listener.close()
+        for child in self.conns.values():
+            child.conn.close()
+        keep.close()
+
+    def on_message(self, child: Child) -> None:
+        try:
+            data = child.conn.recv(65536)
+        except OSError:
+            data = b""
+        if not data:  # the client is gone: so is the task srun tracks
+            self.drop(child)
+            if child.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+            return
+        for message in child.reader.feed(data):
+            sig = message.get("signal")
+            if isinstance(sig, int) and child.pid:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(child.pid, sig)
+
+    def drop(self, child: Child) -> None:
+        fd = child.conn.fileno()
+        if fd >= 0 and self.conns.pop(fd, None) is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(child.conn)
+        child.conn.close()
+
+    def reap(self) -> None:
+        with contextlib.suppress(OSError):
+            while os.read(self.wake_r, 512):
+                pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is None:
+                continue
+            if os.WIFSIGNALED(status):
+                message = {"killed": os.WTERMSIG(status)}
+            else:
+                message = {"exit": os.waitstatus_to_exitcode(status)}
+            if child.conn.fileno() >= 0:
+                with contextlib.suppress(OSError):
+                    protocol.send(child.conn, message)
+                self.drop(child)
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "listen":
+                    self.accept()
+                elif key.data == "wake":
+                    self.reap()
+                else:
+                    child = self.conns.get(key.fd)
+                    if child is not None:
+                        self.on_message(child)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clusterctl.runtime.warm.server")
+    parser.add_argument("--import", dest="imports", action="append", default=[], help="a module to pre-import")
+    args = parser.parse_args(argv)
+    prefix = os.environ.get(envnames.WARM, "")
+    if not prefix:
+        log(f"{envnames.WARM} is not set: nothing to serve")
+        return 2
+    start_env = dict(os.environ)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(protocol.socket_name(prefix, node()))
+    except OSError as exc:
+        log(f"cannot listen: {exc}")
+        return 1
+    listener.listen(256)  # clients wait in the backlog while the imports run
+    began = time.monotonic()
+    failed = preimport([*IMPORTS, *args.imports])
+    import gc
+
+    gc.collect()
+    gc.freeze()  # what the imports made stays shared with every child, never copied by a collection
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    log(json.dumps({"ready_s": round(time.monotonic() - began, 2), "threads": threads, "not_imported": failed}))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # children follow (PR_SET_PDEATHSIG)
+    Server(listener, start_env).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
