@@ -324,16 +324,27 @@ def kill_drill(jobs: Jobs, scratch: Path, name: str, site: str, backend: str, ki
     committed = ends[-1].get("committed_step") if ends else None
     reached = last_step(run / "attempt-1")
     first = int(watcher.first["step"])  # type: ignore[index]
-    if committed is None or first != committed + 1:
-        raise Misbehaved(f"resumed at step {first}, but the committed checkpoint was {committed}")
+    recovery = (load_json(watcher.dir / "record.json") or {}).get("recovery") or {}
+    source = recovery.get("resumed_from") or {}
+    memory = bool(source.get("memory"))
+    held = source.get("step") if memory else committed
+    if held is None or first != held + 1:
+        raise Misbehaved(f"resumed at step {first}, but the {'snapshot' if memory else 'committed checkpoint'} was {held}"
+                         f" ({recovery.get('how')})")
     resume = watcher.seen["first_step"] - t_verdict
     lost = reached - (first - 1)
+    killed_at = float(report.get("injected_at") or t_verdict - float(report.get("seconds") or 0))
+    starts = [str(r.get("start", "")) for r in rankmanifest.iter_ranks(watcher.dir / MANIFEST) if isinstance(r, dict)]
+    warm = sum(1 for text in starts if text.startswith("warm"))
     show(f"{name}: killed rank {KILL_RANK} after step {reached}; verdict {report.get('seconds')} s after the kill;"
          f" next: {nxt.get('how')}{' job ' + str(nxt['next_job']) if nxt.get('next_job') else ''};"
-         f" resumed at step {first} (checkpoint {committed}): resume {resume:.2f} s, {lost} steps lost")
+         f" resumed at step {first} ({'memory snapshot' if memory else 'checkpoint'} {held}): resume {resume:.2f} s,"
+         f" {lost} steps lost; {warm} of {len(starts)} ranks started warm")
     show(f"  from the verdict: {breakdown({**watcher.seen, **rank_timings(watcher.dir)}, t_verdict)}")
     jobs.cancel_run(run, backend)
-    return {"resume_s": round(resume, 2), "steps_lost": lost, "run": run}
+    return {"resume_s": round(resume, 2), "steps_lost": lost, "run": run, "detect_s": round(t_verdict - killed_at, 2),
+            "kill_to_step_s": round(watcher.seen["first_step"] - killed_at, 2), "warm_ranks": warm,
+            "step_s": STEP_COMPUTE_S}
 
 
 def pretimeout_drill(jobs: Jobs, scratch: Path, steps_before: int, show: Show) -> dict[str, Any]:
@@ -498,7 +509,7 @@ def submitit_drill(jobs: Jobs, scratch: Path, settings: dict[str, Any], steps_be
     ck = load_json(workdir / "checkpointed") or {}
     show(f"pre-timeout (submitit): USR2 to the steps at step {reached}; checkpoint of step {ck.get('step')}; resumed at step"
          f" {first['step']}: {resume:.2f} s after the signal")
-    show(f"  from the signal: " + ", ".join(f"{k} +{v - injected:.1f}" for k, v in seen.items()))
+    show("  from the signal: " + ", ".join(f"{k} +{v - injected:.1f}" for k, v in seen.items()))
     subprocess.run(["scancel", str(job.job_id)], capture_output=True, check=False)
     return {"resume_s": round(resume, 2)}
 
@@ -554,7 +565,33 @@ def job_settings(scratch: Path) -> dict[str, Any]:
     return load_json(submit_job(load_job(path), "slurm", dry_run=True).run.run_json) or {}
 
 
-PARTS = ("local", "inalloc", "newjob", "pretimeout", "submitit")
+PARTS = ("local", "inalloc", "newjob", "pretimeout", "submitit", "warm", "cold")
+WARM = {"restart": {"warm": True}, "checkpoint": {"interval": INTERVAL, "keep": 2, "memory_interval": 1}}
+COLD = {"restart": {"warm": False}, "checkpoint": {"interval": INTERVAL, "keep": 2, "memory_interval": 0}}
+# Goodput of a large job (bench/README.md states the model): Llama 3's 419 interruptions in 54 days on 16,384 GPUs.
+INTERRUPTION_EVERY_S = 54 * 86400 / 419
+NEW_JOB_WAIT_S = 60.0  # a new job per failure waits at least one pass of Slurm's default scheduler (sched_interval=60)
+
+
+def goodput(lost_s: float) -> float:
+    """The share of wall time that trains when each interruption costs lost_s (recomputed steps included)."""
+    return round(INTERRUPTION_EVERY_S / (INTERRUPTION_EVERY_S + lost_s), 5)
+
+
+def warm_cold(result: dict[str, Any], warm: dict[str, Any] | None, cold: dict[str, Any] | None, prefix: str = "") -> None:
+    """The warm-against-cold keys of one backend, and the goodput model from its figures."""
+    for name, got in (("warm", warm), ("cold", cold)):
+        result[f"{prefix}{name}_resume_s"] = got["resume_s"] if got else None
+        result[f"{prefix}{name}_steps_lost"] = got["steps_lost"] if got else None
+        result[f"{prefix}{name}_kill_to_step_s"] = got["kill_to_step_s"] if got else None
+    result[f"{prefix}warm_vs_cold"] = round(warm["resume_s"] / cold["resume_s"], 3) if warm and cold else None
+    if warm and cold:
+        cost = {name: got["detect_s"] + got["resume_s"] + got["steps_lost"] * got["step_s"]
+                for name, got in (("warm", warm), ("cold", cold))}
+        cost["new_job"] = cost["cold"] + NEW_JOB_WAIT_S
+        result[f"{prefix}goodput_16k"] = {name: goodput(lost) for name, lost in cost.items()}
+    else:
+        result[f"{prefix}goodput_16k"] = None
 
 
 def main() -> None:
@@ -563,7 +600,7 @@ def main() -> None:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = parser.parse_args()
-    parts = set(args.parts.split(",")) if not args.quick else {"local"}
+    parts = set(args.parts.split(",")) if not args.quick else {"warm", "cold"}
     if parts - set(PARTS):
         parser.error(f"unknown part(s): {', '.join(sorted(parts - set(PARTS)))}")
     os.environ.setdefault("PYTHONPATH", str(REPO))
@@ -606,12 +643,27 @@ def main() -> None:
         local = part("local", lambda: kill_drill(jobs, scratch, "local-kill", "local", "local", kill_at, show, "allocation"))
         if local:
             result["resume_s"], result["steps_lost"] = local["resume_s"], local["steps_lost"]
-        if parts - {"local"}:
-            if lab_up(show, allow_up=True):
+        warm = part("warm", lambda: kill_drill(jobs, scratch, "local-warm", "local", "local", kill_at, show, "allocation",
+                                               **WARM))
+        cold = part("cold", lambda: kill_drill(jobs, scratch, "local-cold", "local", "local", kill_at, show, "allocation",
+                                               **COLD))
+        if {"warm", "cold"} & parts:
+            warm_cold(result, warm, cold)
+        if parts - {"local", "warm", "cold"} or ({"warm", "cold"} & parts and not args.quick):
+            lab_ok = lab_up(show, allow_up=True)
+            if lab_ok:
                 show(f"slurm-lab nodes: {lab_nodes()}")
             else:
                 show("slurm-lab: the Slurm test cluster is not up; its figures are null")
-                parts = {"local"}
+                parts &= {"local", "warm", "cold"}
+        else:
+            lab_ok = False
+        if {"warm", "cold"} & parts and not args.quick and lab_ok:
+            labwarm = part("warm", lambda: kill_drill(jobs, scratch, "lab-warm", "slurm-lab", "slurm", kill_at, show,
+                                                      "allocation", **WARM))
+            labcold = part("cold", lambda: kill_drill(jobs, scratch, "lab-cold", "slurm-lab", "slurm", kill_at, show,
+                                                      "allocation", **COLD))
+            warm_cold(result, labwarm, labcold, prefix="lab_")
         inalloc = part("inalloc", lambda: kill_drill(jobs, scratch, "lab-kill-inalloc", "slurm-lab", "slurm", kill_at, show,
                                                      "allocation"))
         newjob = part("newjob", lambda: kill_drill(jobs, scratch, "lab-kill-newjob", "slurm-lab", "slurm", kill_at, show,

@@ -111,7 +111,7 @@ def recovery_argv(python: str, standalone: bool) -> list[str]:
     return [] if standalone else [python, "-m", "clusterctl.runtime.nextattempt"]
 
 
-def warm_argv(plan: Plan, python: str, standalone: bool, containerized: bool) -> list[str]:
+def warm_argv(plan: Plan, python: str, standalone: bool, containerized: bool, run_dir: Path) -> list[str]:
     """The warm process servers' command, none when the job runs cold.
 
     Cold where the spec says so, in standalone mode (no clusterctl on the
@@ -120,7 +120,7 @@ def warm_argv(plan: Plan, python: str, standalone: bool, containerized: bool) ->
     """
     if standalone or containerized or not plan.spec.restart.warm:
         return []
-    argv = [python, "-m", "clusterctl.runtime.warm.server"]
+    argv = [python, "-m", "clusterctl.runtime.warm.server", "--run-dir", str(run_dir)]
     for module in plan.spec.restart.preimport:
         argv += ["--import", module]
     return argv
@@ -175,7 +175,7 @@ def render_run(
     if container is not None and container.runtime == "pyxis":
         srun_extra += pyxis_flags(container, VISIBILITY_VAR[node_type.gpu_vendor])
     site_env = job_site_env(plan)
-    warm = warm_argv(plan, python, standalone, container is not None)
+    warm = warm_argv(plan, python, standalone, container is not None, run_dir)
     common = {
         "name": spec.name,
         "world": plan.world_size,
@@ -367,6 +367,7 @@ def build_run_json(
             save_seconds=spec.checkpoint.save_seconds,
             mtbf=spec.checkpoint.mtbf,
             auto_interval_s=plan.checkpoint.interval_s if plan.checkpoint else None,
+            memory_interval=spec.checkpoint.memory_interval,
         ),
         restart=RestartRecord(budget=spec.restart.budget, mode=spec.restart.mode, in_allocation=spec.restart.in_allocation),
         watchdog=WatchdogRecord(

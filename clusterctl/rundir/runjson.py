@@ -86,6 +86,7 @@ class CheckpointRecord:
     save_seconds: float | None = None
     mtbf: float | None = None
     auto_interval_s: float | None = None  # Young/Daly's interval for `interval: auto`, in seconds
+    memory_interval: int = 0  # steps between in-memory snapshots (checkpoint/snapshots.py), 0: none
 
 
 @dataclass(frozen=True)

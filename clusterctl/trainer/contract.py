@@ -125,6 +125,20 @@ class Contract:
         )
         self.stop = StopRequest(self.rank)
         self.last_saved: int | None = None
+        self.snapshots = self._snapshots()
+
+    def _snapshots(self) -> Any:
+        """In-memory snapshots when checkpoint.memory_interval asks for them (checkpoint/snapshots.py)."""
+        if not self.settings.memory_interval:
+            return None
+        from clusterctl.checkpoint import snapshots
+
+        node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+        where = snapshots.rank_dir(snapshots.default_root(), self.settings.run_id or "standalone", node, self.rank,
+                                   self.world, self.settings.layout)
+        device = next(self.model.parameters()).device
+        return snapshots.Snapshots(where, rank=self.rank, world=self.world, interval=self.settings.memory_interval,
+                                   device=device)
 
     # --- state --------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -144,6 +158,10 @@ class Contract:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         generation = self.checkpointer.latest()
+        if self.snapshots is not None:
+            held = self.snapshots.newest_common()
+            if held is not None and (generation is None or held >= generation.step):
+                return self._resume_from_memory(held)
         if generation is None:
             self._record_resume(None)
             self._steps_begin()
@@ -161,6 +179,21 @@ class Contract:
         self._steps_begin()
         return generation.step + 1
 
+    def _resume_from_memory(self, step: int) -> int:
+        """Every rank holds its snapshot of `step` in host memory: load it, no file system involved."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        self.heartbeat.phase("load")
+        state, extra = self.snapshots.load(step)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if self.sampler is not None and "sampler" in extra:
+            self.sampler.load_state_dict(extra["sampler"])
+        if "rng" in extra:
+            set_rng_state(extra["rng"])
+        self._record_resume(None, memory_step=step)
+        self._steps_begin()
+        return step + 1
+
     def _steps_begin(self) -> None:
         """The first step's time starts now: loading is not part of it."""
         self.heartbeat.phase("start")
@@ -176,15 +209,20 @@ class Contract:
         """
         self._record({"training": training or {}, "data": data or {}}, replace=True)
 
-    def _record_resume(self, generation: Any) -> None:
-        """The facts resume() knows: the generation and data position resumed from (or none), optimizer, model, seeds."""
+    def _record_resume(self, generation: Any, memory_step: int | None = None) -> None:
+        """The facts resume() knows: the generation (or memory snapshot) and data position resumed from, optimizer, model, seeds."""
         if self.rank != 0 or not os.environ.get(envnames.ATTEMPT_DIR):
             return
         from clusterctl.checkpoint.manifest import FORMAT
 
         recovery: dict[str, Any] = {"schema_version": FORMAT, "checkpoint_dir": str(self.directory)}
         data: dict[str, Any] = {}
-        if generation is None:
+        if memory_step is not None:
+            recovery.update(resumed=True, start_step=memory_step + 1,
+                            how=f"resumed from the in-memory snapshot of step {memory_step}",
+                            resumed_from={"step": memory_step, "memory": True, "path": str(self.snapshots.directory)})
+            data["resumed_position"] = {"step": memory_step}
+        elif generation is None:
             recovery.update(resumed=False, resumed_from=None, start_step=0,
                             how=f"from scratch: no committed generation in {self.directory}")
             data["resumed_position"] = None
@@ -277,6 +315,8 @@ class Contract:
             exit_stopped(self.rank, step)
         if self.schedule.due(step):
             self.save(step)
+        if self.snapshots is not None and self.snapshots.due(step):
+            self.snapshots.take(step, self._state(), self._extra(step))
 
     def _agree_on(self, value: int) -> int:
         """Rank 0's value, on every rank (so that every rank picks the same interval)."""
@@ -287,6 +327,8 @@ class Contract:
         return int(chosen.item())
 
     def close(self) -> None:
+        if self.snapshots is not None:
+            self.snapshots.wait()
         self.checkpointer.wait()
         self.checkpointer.close()
         if self.watch is not None:

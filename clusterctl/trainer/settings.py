@@ -46,6 +46,8 @@ class LoopSettings:
     spec_hash: str
     layout: dict[str, Any] | None
     steps_mode: str  # watchdog.steps
+    memory_interval: int = 0  # checkpoint.memory_interval: steps between in-memory snapshots, 0: none
+    run_id: str = ""  # the run directory's name: in-memory snapshots are kept per run
 
 
 def loop_settings(
@@ -70,6 +72,8 @@ def loop_settings(
         spec_hash=run.spec_hash if run is not None else "",
         layout=dataclasses.asdict(run.parallel) if run is not None else None,
         steps_mode=run.watchdog.steps if run is not None else "auto",
+        memory_interval=ckpt.memory_interval,
+        run_id=Path(run_dir).name if run_dir else "",
     )
 
 

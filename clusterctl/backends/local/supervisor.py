@@ -161,6 +161,8 @@ class Supervisor:
         node_cpus = [max(c * cpt, os.cpu_count() or 1) if req.exclusive else c * cpt for c in counts]
         nodelist = compress(nodes)
         job_id = str(self.record.job_id)
+        # The emulated nodes' host memory (in-memory snapshots, checkpoint/snapshots.py): the job's own, gone at its end.
+        env.setdefault("CLUSTERCTL_SNAPSHOTS", str(self.record.path / "shm"))
         env.update({
             "SLURM_JOB_ID": job_id,
             "SLURM_JOBID": job_id,
@@ -406,11 +408,14 @@ class Supervisor:
                     return 0
                 if self.run(nodes) != "requeue":
                     return 0
+                shutil.rmtree(self.record.path / "shm", ignore_errors=True)  # a requeued job starts with empty memory
         except Exception:
             self.log("supervisor error:\n" + traceback.format_exc())
             proctree.terminate(os.getpid(), KILL_WAIT_S, self.reap)
             self.record.update(state="NODE_FAIL", reason="SupervisorError", end_time=time.time())
             return 1
+        finally:
+            shutil.rmtree(self.record.path / "shm", ignore_errors=True)
 
 
 def detach(path: Path) -> None:

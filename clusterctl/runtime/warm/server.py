@@ -45,6 +45,7 @@ IMPORTS = (
     "torch.distributed.checkpoint",
     "torch.nn.parallel",
     "torch.distributed.fsdp",
+    "torch._dynamo",  # torch.compile, and torch.use_deterministic_algorithms: 1.7 s of imports on first use
     "numpy",
     "clusterctl.runtime.launch",
     "clusterctl.runtime.rendezvous",
@@ -247,6 +248,7 @@ class Server:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusterctl.runtime.warm.server")
     parser.add_argument("--import", dest="imports", action="append", default=[], help="a module to pre-import")
+    parser.add_argument("--run-dir", default="", help="the run: its in-memory snapshots on this node go when the job ends")
     args = parser.parse_args(argv)
     prefix = os.environ.get(envnames.WARM, "")
     if not prefix:
@@ -268,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()  # what the imports made stays shared with every child, never copied by a collection
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     log(json.dumps({"ready_s": round(time.monotonic() - began, 2), "threads": threads, "not_imported": failed}))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # children follow (PR_SET_PDEATHSIG)
+    def end(*_: object) -> None:  # the job ends: this node's in-memory snapshots go; the children follow (PDEATHSIG)
+        if args.run_dir:
+            from clusterctl.checkpoint import snapshots
+
+            snapshots.remove_node(snapshots.default_root(), os.path.basename(args.run_dir.rstrip("/")), node())
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, end)
     Server(listener, start_env).serve()
     return 0
 
