@@ -29,7 +29,18 @@ from clusterctl.runtime.warm import protocol
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGALRM, signal.SIGCONT)
 START_WINDOW_S = 20.0  # after the servers were (re)started: a refused connection may only mean "not listening yet"
+IMPORT_WINDOW_S = 300.0  # after the servers were (re)started: they answer once their imports are done
+ANSWER_S = 15.0  # later, a server that does not answer this fast is stopped or stuck: start cold
 RETRY_S = 0.05
+
+
+def since() -> float:
+    """When this job's servers were last (re)started (epoch seconds; 0 when unknown)."""
+    text = os.environ.get(envnames.WARM_SINCE, "")
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
 
 
 def node() -> str:
@@ -39,8 +50,7 @@ def node() -> str:
 def connect(prefix: str) -> socket.socket | str:
     """A connection to this node's server, or why there is none."""
     name = protocol.socket_name(prefix, node())
-    since = os.environ.get(envnames.WARM_SINCE, "")
-    deadline = (float(since) if since.replace(".", "", 1).isdigit() else 0.0) + START_WINDOW_S
+    deadline = since() + START_WINDOW_S
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -79,9 +89,15 @@ def start(argv: list[str]) -> tuple[socket.socket, int] | str:
     sock = connect(prefix)
     if isinstance(sock, str):
         return sock
+    wait_s = max(ANSWER_S, since() + IMPORT_WINDOW_S - time.time())
     try:
+        sock.settimeout(wait_s)  # a child forked after we gave up is killed by the server: our connection is closed
         protocol.send(sock, request(argv), [0, 1, 2])
         answer, _ = protocol.receive(sock)
+        sock.settimeout(None)
+    except TimeoutError:
+        sock.close()
+        return f"the warm process server on {node()} did not answer within {wait_s:.0f} s"
     except (OSError, protocol.ProtocolError) as exc:
         sock.close()
         return f"the warm process server on {node()} did not fork: {exc}"

@@ -248,6 +248,7 @@ class Server:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusterctl.runtime.warm.server")
     parser.add_argument("--import", dest="imports", action="append", default=[], help="a module to pre-import")
+    parser.add_argument("--only", action="store_true", help="import only the --import modules (tests: no torch)")
     parser.add_argument("--run-dir", default="", help="the run: its in-memory snapshots on this node go when the job ends")
     args = parser.parse_args(argv)
     prefix = os.environ.get(envnames.WARM, "")
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     listener.listen(256)  # clients wait in the backlog while the imports run
     began = time.monotonic()
-    failed = preimport([*IMPORTS, *args.imports])
+    failed = preimport([*([] if args.only else IMPORTS), *args.imports])
     import gc
 
     gc.collect()

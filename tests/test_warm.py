@@ -1,0 +1,165 @@
+"""Warm processes and in-memory snapshots (runtime/warm/, checkpoint/snapshots.py), with real processes and signals.
+
+The first tests run a warm process server that imports nothing heavy
+(`--only`) and ask it for children the way a rank does: the child has the
+client's environment, directory and streams, signals pass through, a client
+killed takes its child along, the injector's token check reaches a forked
+rank, and where the server cannot serve the command starts cold and says
+why. The end-to-end tests run the reference trainer with
+`checkpoint.memory_interval: 1`: a killed rank's restart is forked warm and
+resumes from the newest step every rank holds in memory, with the losses of
+a run that was never interrupted, bitwise; a server that dies while
+importing leaves a job that runs cold with the reason in every rank's record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_recovery_e2e import drill, first_step, nothing_left, story, submit, wait_for
+
+from clusterctl import envnames, rundir
+from clusterctl.rundir import RunDir, rankmanifest
+
+PY = sys.executable
+
+
+@pytest.fixture()
+def server(tmp_path: Path):
+    """A warm process server for node `nodeA` that pre-imports only json; yields the environment its clients need."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERCTL_")}
+    env.update({envnames.WARM: f"clusterctl-test.{secrets.token_hex(6)}", "SLURMD_NODENAME": "nodeA",
+                envnames.WARM_SINCE: str(time.time())})
+    proc = subprocess.Popen([PY, "-m", "clusterctl.runtime.warm.server", "--only", "--import", "json"], env=env,
+                            stderr=open(tmp_path / "server.log", "w"))
+    try:
+        yield env, proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def client(env: dict[str, str], code: str, **kwargs: Any) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "clusterctl.runtime.warm.client", "--", PY, "-c", code], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def parent_of(pid: int) -> int:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rfind(")") + 2:].split()[1])
+
+
+def test_a_forked_child_has_the_clients_environment_directory_streams_and_exit_code(server, tmp_path: Path) -> None:
+    env, proc = server
+    code = ("import os, sys, json; print(json.dumps({'pid': os.getpid(), 'ppid': os.getppid(), 'cwd': os.getcwd(),"
+            " 'x': os.environ.get('X'), 'start': os.environ.get('CLUSTERCTL_START'), 'line': sys.stdin.readline()}));"
+            " print('to stderr', file=sys.stderr); sys.exit(7)")
+    child = client({**env, "X": "it's mine"}, code, cwd=tmp_path, stdin=subprocess.PIPE)
+    out, err = child.communicate("a line from stdin\n", timeout=60)
+    assert child.returncode == 7, err
+    seen = json.loads(out)
+    assert seen["ppid"] == proc.pid and seen["pid"] != child.pid  # forked by the server, not started by the client
+    assert (seen["cwd"], seen["x"], seen["line"]) == (str(tmp_path), "it's mine", "a line from stdin\n")
+    assert seen["start"].startswith("warm: forked by pid") and "on nodeA" in seen["start"]
+    assert "to stderr" in err
+
+
+def test_signals_reach_the_child_and_a_killed_client_takes_it_along(server) -> None:
+    env, _ = server
+    code = ("import os, signal, time; signal.signal(signal.SIGUSR1, lambda *a: print('usr1', flush=True));"
+            " print(os.getpid(), flush=True); time.sleep(60)")
+    first = client(env, code)
+    pid = int(first.stdout.readline())
+    first.send_signal(signal.SIGUSR1)
+    assert first.stdout.readline().strip() == "usr1"
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == -signal.SIGTERM  # the child died of it, and so does its stand-in
+    second = client(env, code)
+    pid = int(second.stdout.readline())
+    second.kill()  # what srun does to a task in the end
+    second.wait(10)
+    wait_for("the child of a killed client to go", lambda: not Path(f"/proc/{pid}").exists() or
+             Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z", 10)
+
+
+def test_the_injector_checks_a_forked_ranks_token_with_its_server(server) -> None:
+    env, _ = server
+    child = client({**env, envnames.TOKEN: "right"}, "import os, time; print(os.getpid(), flush=True); time.sleep(60)")
+    pid = int(child.stdout.readline())
+    inject = [PY, "-m", "clusterctl.runtime.inject", "--pid", str(pid), "--kill"]
+    refused = subprocess.run([*inject, "--token", "wrong"], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and json.loads(refused.stdout)["reason"] == "token"
+    done = subprocess.run([*inject, "--token", "right"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert child.wait(30) == -signal.SIGKILL  # the stand-in ends as its rank did: srun sees a killed task
+
+
+def test_where_the_server_cannot_serve_the_command_starts_cold_and_says_why(server) -> None:
+    env, _ = server
+    show = "import os; print(os.environ['CLUSTERCTL_START'])"
+    differs = client({**env, "PYTHONHASHSEED": "3"}, show)
+    assert differs.communicate(timeout=60)[0].strip() == (
+        "cold: PYTHONHASHSEED differs from the warm process server's ('3', not None)")
+    elsewhere = client({**env, "SLURMD_NODENAME": "nodeB", envnames.WARM_SINCE: "0"}, show)
+    assert elsewhere.communicate(timeout=60)[0].strip() == "cold: no warm process server on nodeB (Connection refused)"
+    unnamed = client({k: v for k, v in env.items() if k != envnames.WARM}, show)
+    assert unnamed.communicate(timeout=60)[0].strip() == "cold: no warm process servers in this job"
+
+
+# --- end to end: the reference trainer -------------------------------------------------------------------------
+def losses(run: RunDir, attempt: int) -> dict[int, str]:
+    path = run.attempt(attempt) / rundir.METRICS
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {r["step"]: r["loss_hex"] for r in map(json.loads, lines) if "loss_hex" in r}
+
+
+def starts(run: RunDir, attempt: int) -> list[str]:
+    return [str(r.get("start")) for r in rankmanifest.iter_ranks(run.attempt(attempt) / rundir.MANIFEST)]
+
+
+def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterrupted_losses(
+    backend: str, tmp_path: Path
+) -> None:
+    steps = 40
+    memory = {"checkpoint": {"interval": 100, "memory_interval": 1}}  # no durable checkpoint before the kill
+    done = submit(backend, tmp_path, "warm-kill", steps=steps, **memory)
+    run = done.run
+    wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
+    report = drill(run, "--kill", "1")
+    assert report["culprit_right"], report
+    resumed = first_step(run, 2)
+    reached = max(losses(run, 1))
+    assert reached - (resumed - 1) <= 1, story(run)  # at most the step in flight is computed again
+    record = json.loads((run.attempt(2) / rundir.RECORD).read_text())["recovery"]
+    assert record["how"] == f"resumed from the in-memory snapshot of step {resumed - 1}"
+    assert all(s.startswith("warm") for s in starts(run, 2)), starts(run, 2)
+    wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == steps - 1, run=run)
+    if backend == "local":  # the same job uninterrupted: every loss bitwise equal
+        (tmp_path / "whole").mkdir()
+        whole = submit(backend, tmp_path / "whole", "warm-whole", steps=steps, **memory).run
+        wait_for("the uninterrupted run", lambda: max(losses(whole, 1), default=-1) == steps - 1, run=whole)
+        reference = losses(whole, 1)
+        got = {**losses(run, 1), **losses(run, 2)}
+        assert got == reference
+    nothing_left(backend, run)
+
+
+def test_a_server_that_dies_while_importing_leaves_a_job_that_runs_cold_and_says_why(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "dies_on_import.py").write_text("import os\nos._exit(3)\n")
+    done = submit("local", tmp_path, "warm-dies", steps=3, env={"PYTHONPATH": str(project)},
+                  restart={"preimport": ["dies_on_import"]})
+    run = done.run
+    wait_for("the run to finish", lambda: max(losses(run, 1), default=-1) == 2, run=run)
+    for start in starts(run, 1):
+        assert start.startswith("cold: ") and ("did not fork" in start or "no warm process server" in start), start
