@@ -26,8 +26,17 @@ controller.json, manifest.json = every rank registered, the trainer's
   `scancel --signal=USR2` and submitit requeues the job itself.
   `ratio_vs_submitit` = ours / submitit's.
 
+* warm, cold (--quick runs these two on the local backend only): the kill
+  drill with warm processes and in-memory snapshots (`restart.warm: true`,
+  `checkpoint.memory_interval: 1`) and without them, on the local backend and
+  (without --quick) on slurm-lab: `warm_resume_s`, `warm_steps_lost`,
+  `cold_resume_s`, `cold_steps_lost`, `warm_vs_cold` (warm / cold resume),
+  `*_kill_to_step_s`, and `goodput_16k` (bench/README.md states the model);
+  slurm-lab's keys start with `lab_`.
+
 Targets: resume_s <= 10, steps_lost <= checkpoint_interval,
-inalloc_vs_newjob_ratio <= 0.5, ratio_vs_submitit <= 1.0.
+inalloc_vs_newjob_ratio <= 0.5, ratio_vs_submitit <= 1.0; warm_resume_s <= 3
+on slurm-lab, warm_steps_lost <= 1, warm_vs_cold <= 0.3.
 
 Each part runs on its own: one that fails (the recovery misbehaving: no
 restart, the wrong kind of restart, the wrong step resumed) prints the run
@@ -35,7 +44,7 @@ directory, attempts.jsonl and the batch log's tail, leaves its figures null,
 records why under "errors", keeps the scratch directory, and the next part
 runs. Every job submitted is cancelled at the end.
 
-    python bench/recovery.py [--quick] [--parts local,inalloc,newjob,pretimeout,submitit] [--keep]
+    python bench/recovery.py [--quick] [--parts local,inalloc,newjob,pretimeout,submitit,warm,cold] [--keep]
 
 Last line: {"resume_s", "steps_lost", "checkpoint_interval",
 "inalloc_vs_newjob_ratio", "ratio_vs_submitit", ...} (null when not measured).
@@ -596,7 +605,8 @@ def warm_cold(result: dict[str, Any], warm: dict[str, Any] | None, cold: dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the local kill drill only, killed after step 12 (about a minute)")
+    parser.add_argument("--quick", action="store_true",
+                        help="warm and cold kill drills on the local backend only, killed after step 12 (about 90 s)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = parser.parse_args()
