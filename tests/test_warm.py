@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -115,6 +116,37 @@ def test_where_the_server_cannot_serve_the_command_starts_cold_and_says_why(serv
     assert unnamed.communicate(timeout=60)[0].strip() == "cold: no warm process servers in this job"
 
 
+# --- snapshots: which step is whole, and a copy killed half-way ----------------------------------------------
+def test_the_newest_whole_step_is_one_every_ranks_state_is_held_for_never_a_mix() -> None:
+    from clusterctl.checkpoint.snapshots import newest_whole
+
+    # node A (ranks 0, 1) holds rank 0's 14 and 15 and a replica of rank 1's 13 and 14; rank 1's 15 was in flight
+    node_a = {0: [14, 15], 1: [13, 14]}
+    assert newest_whole([node_a, node_a], 2) == 14
+    # a spare (rank 1's new node) holds nothing: the peer's replica still makes 14 whole
+    assert newest_whole([{0: [14, 15]}, {}, {1: [14]}], 2) == 14
+    assert newest_whole([{0: [15]}, {1: [14]}], 2) is None  # no common step: the durable checkpoint decides
+    assert newest_whole([{}, {}], 2) is None
+
+
+def test_a_snapshot_copy_killed_half_way_leaves_the_previous_ones_whole(tmp_path: Path) -> None:
+    from clusterctl.checkpoint.snapshots import steps_in
+
+    code = ("import sys; from pathlib import Path; from clusterctl.checkpoint.snapshots import write_whole;"
+            " d = Path(sys.argv[1]); write_whole(d, 1, b'one'); write_whole(d, 2, b'two'); print('ready', flush=True);"
+            " write_whole(d, 3, b'x' * (1 << 29))")  # 512 MiB: still being written when it is killed
+    proc = subprocess.Popen([PY, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while not any(p.name.startswith(".tmp-3-") for p in tmp_path.iterdir()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.002)
+    proc.kill()
+    proc.wait(10)
+    whole = steps_in(tmp_path)
+    assert sorted(whole) == [1, 2] and whole[2].read_bytes() == b"two"
+
+
 # --- end to end: the reference trainer -------------------------------------------------------------------------
 def losses(run: RunDir, attempt: int) -> dict[int, str]:
     path = run.attempt(attempt) / rundir.METRICS
@@ -140,7 +172,7 @@ def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterru
     reached = max(losses(run, 1))
     assert reached - (resumed - 1) <= 1, story(run)  # at most the step in flight is computed again
     record = json.loads((run.attempt(2) / rundir.RECORD).read_text())["recovery"]
-    assert record["how"] == f"resumed from the in-memory snapshot of step {resumed - 1}"
+    assert record["how"] == f"resumed from the in-memory snapshot of step {resumed - 1}", record
     assert all(s.startswith("warm") for s in starts(run, 2)), starts(run, 2)
     wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == steps - 1, run=run)
     if backend == "local":  # the same job uninterrupted: every loss bitwise equal
@@ -163,3 +195,26 @@ def test_a_server_that_dies_while_importing_leaves_a_job_that_runs_cold_and_says
     wait_for("the run to finish", lambda: max(losses(run, 1), default=-1) == 2, run=run)
     for start in starts(run, 1):
         assert start.startswith("cold: ") and ("did not fork" in start or "no warm process server" in start), start
+
+
+def test_a_lost_nodes_ranks_resume_on_the_spare_from_the_replicas_their_peers_hold(tmp_path: Path) -> None:
+    """The emulated nodes share one /dev/shm: the lost node's own directory is deleted, so only peers can serve."""
+    done = submit("local", tmp_path, "warm-spare", steps=30, spares=1,
+                  checkpoint={"interval": 100, "memory_interval": 1})
+    run = done.run
+    wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
+    hosts = (run.attempt(1) / rundir.HOSTS).read_text().split()
+    lost = hosts[0]
+    report = drill(run, "--node", lost)
+    assert report["culprit_right"], report
+    for own in Path(os.environ["CLUSTERCTL_LOCAL_STATE"]).glob(f"jobs/*/shm/{run.path.name}/{lost}"):
+        shutil.rmtree(own)  # what the lost node held (its ranks' own snapshots, a peer's replica) is gone with it
+    resumed = first_step(run, 2)
+    now = (run.attempt(2) / rundir.HOSTS).read_text().split()
+    assert lost not in now and len(now) == len(hosts), now  # the spare took its place
+    record = json.loads((run.attempt(2) / rundir.RECORD).read_text())["recovery"]
+    assert record["resumed_from"]["memory"] and record["resumed_from"]["step"] == resumed - 1 >= 11, record
+    assert record["resumed_from"]["from_peers"], record  # some rank's state came over the network from a peer's node
+    assert max(losses(run, 1)) - (resumed - 1) <= 1, story(run)
+    assert all(s.startswith("warm") for s in starts(run, 2)), starts(run, 2)  # the spare's server was up from the start
+    wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == 29, run=run)

@@ -1,32 +1,42 @@
-"""In-memory snapshots: each rank's state in its node's host memory every `checkpoint.memory_interval` steps.
+"""In-memory snapshots: each rank's state in host memory every `checkpoint.memory_interval` steps, and a peer's copy.
 
 A restart then loses at most the step in flight instead of everything since
 the last durable checkpoint, and reads the state from memory instead of the
 file system. The snapshot is taken at the step boundary (the state is copied
 to CPU memory before the next step can change it) and written in the
-background to tmpfs (/dev/shm): one file per rank and step, written under a
-temporary name and renamed, so a file that exists is whole. Each rank keeps
-its newest KEEP snapshots; a kill during a copy leaves the previous ones.
+background to the node's tmpfs (/dev/shm): one file per rank and step,
+written under a temporary name and renamed, so a file that exists is whole.
+The same bytes go to the rank's holder, the rank of the same local rank on
+the next node, which writes them to its own node's tmpfs: a replica that
+outlives the node. Each rank keeps its newest KEEP snapshots and replicas;
+a kill during a copy leaves the previous ones.
 
-    <root>/<run id>/<node>/rank-<R>-of-<W>[-<layout>]/step-<S>.pt
+    <root>/<run id>/<node>/rank-<R>-of-<W>[-<layout>]/step-<S>.pt      R's own, on R's node
+    <root>/<run id>/<node>/replica-<R>-of-<W>[-<layout>]/step-<S>.pt   R's replica, on its holder's node
     root: $CLUSTERCTL_SNAPSHOTS, else /dev/shm/clusterctl-<uid>
 
-The files outlive the rank's process (so a restarted rank on the same node
-finds them), not the job: the node's warm process server removes its node's
-directory when the job ends. A snapshot counts as committed for resuming
-only when every rank holds it: `newest_common` agrees on that step through
-two tiny all-reduces, never mixing steps. Snapshots are per rank and per
-layout: a restart with another world size or layout resumes from the durable
-checkpoint instead.
+The files outlive the ranks' processes, not the job: the node's warm process
+server removes its node's directory when the job ends. `restore` is
+collective: the ranks share what their nodes hold, agree on the newest step
+for which every rank's state is somewhere (its own node, or a peer node that
+holds it), and a rank whose node lacks it (a spare that replaced a lost
+node) receives it from a rank on a node that has it. Never a mix of steps.
+Snapshots are per world size and layout: a restart on another layout
+resumes from the durable checkpoint instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
+import json
 import os
+import re
 import shutil
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +46,7 @@ import torch.distributed as dist
 ROOT_ENV = "CLUSTERCTL_SNAPSHOTS"
 KEEP = 2  # per rank: the newest may be half-written when a rank dies; the one before it is whole
 PREFIX, SUFFIX = "step-", ".pt"
+HOLDINGS = re.compile(r"^(rank|replica)-(\d+)-of-(.+)$")
 
 
 def default_root() -> Path:
@@ -51,15 +62,11 @@ def node_dir(root: Path, run_id: str, node: str) -> Path:
     return root / run_id / node
 
 
-def rank_dir(root: Path, run_id: str, node: str, rank: int, world: int, layout: Any = None) -> Path:
-    """Where one rank keeps its snapshots: named by world size and layout, so only a like restart finds them."""
-    tag = ""
-    if layout:
-        import hashlib
-        import json
-
-        tag = "-" + hashlib.sha256(json.dumps(layout, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return node_dir(root, run_id, node) / f"rank-{rank}-of-{world}{tag}"
+def world_tag(world: int, layout: Any = None) -> str:
+    """`4` or `4-1a2b3c4d`: snapshots are found only by a restart of the same world size and layout."""
+    if not layout:
+        return str(world)
+    return f"{world}-" + hashlib.sha256(json.dumps(layout, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 def to_cpu(value: Any) -> Any:
@@ -73,82 +80,152 @@ def to_cpu(value: Any) -> Any:
     return value
 
 
-class Snapshots:
-    """One rank's snapshots: take them on schedule, agree on the newest that every rank holds, load it."""
+def steps_in(directory: Path) -> dict[int, Path]:
+    """The whole snapshot files of one directory, by step."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory):
+            if entry.startswith(PREFIX) and entry.endswith(SUFFIX):
+                with contextlib.suppress(ValueError):
+                    found[int(entry[len(PREFIX):-len(SUFFIX)])] = directory / entry
+    return found
 
-    def __init__(self, directory: Path, *, rank: int, world: int, interval: int, device: Any = "cpu") -> None:
-        self.directory, self.rank, self.world, self.interval, self.device = directory, rank, world, interval, device
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+def write_whole(directory: Path, step: int, data: bytes) -> None:
+    """A snapshot file that exists is whole: written under a temporary name, renamed; older ones beyond KEEP go."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = directory / f".tmp-{step}-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, directory / f"{PREFIX}{step:08d}{SUFFIX}")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    for old in sorted(steps_in(directory), reverse=True)[KEEP:]:
+        with contextlib.suppress(OSError):
+            (directory / f"{PREFIX}{old:08d}{SUFFIX}").unlink()
+
+
+class Snapshots:
+    """One rank's snapshots and the replica it holds for a peer: take them on schedule, restore the newest whole step."""
+
+    def __init__(self, node: Path, *, rank: int, world: int, interval: int, tag: str, gpus_per_node: int,
+                 group: Any = None) -> None:
+        self.node, self.rank, self.world, self.interval, self.tag = node, rank, world, interval, tag
+        self.group = group  # a gloo group of every rank: replicas and restores travel on it, off the training's
+        self.holder = (rank + gpus_per_node) % world  # the same local rank on the next node
+        self.sender = (rank - gpus_per_node) % world
+        self.directory = node / f"rank-{rank}-of-{tag}"
         self.thread: threading.Thread | None = None
         self.error: str | None = None
 
     def due(self, step: int) -> bool:
         return self.interval > 0 and (step + 1) % self.interval == 0
 
-    def path(self, step: int) -> Path:
-        return self.directory / f"{PREFIX}{step:08d}{SUFFIX}"
-
-    def steps(self) -> list[int]:
-        """The steps this rank holds whole, newest first."""
-        found = []
-        with contextlib.suppress(OSError):
-            for entry in os.listdir(self.directory):
-                if entry.startswith(PREFIX) and entry.endswith(SUFFIX):
-                    with contextlib.suppress(ValueError):
-                        found.append(int(entry[len(PREFIX):-len(SUFFIX)]))
-        return sorted(found, reverse=True)
-
     def take(self, step: int, state: dict[str, Any], extra: dict[str, Any]) -> None:
-        """Copy the state to CPU memory now; write it to tmpfs in the background (one write in flight)."""
+        """Copy the state to CPU memory now; write it and its replica in the background (one in flight)."""
         self.wait()
-        copy = {"state": to_cpu(state), "extra": extra, "step": step}
+        copy = {"state": to_cpu(state), "extra": extra, "step": step, "rank": self.rank}
         self.thread = threading.Thread(target=self._write, args=(step, copy), name="clusterctl-snapshot", daemon=True)
         self.thread.start()
 
     def _write(self, step: int, copy: dict[str, Any]) -> None:
-        tmp = self.directory / f"tmp-{step}-{os.getpid()}{SUFFIX}"  # torch.save names its archive after the file: no dot first
         try:
-            torch.save(copy, tmp)
-            os.replace(tmp, self.path(step))
-            for old in self.steps()[KEEP:]:
-                with contextlib.suppress(OSError):
-                    self.path(old).unlink()
+            buffer = io.BytesIO()
+            torch.save(copy, buffer)
+            data = buffer.getvalue()
+            write_whole(self.directory, step, data)
+            if self.group is not None and self.holder != self.rank:
+                self._replicate(step, data)
         except Exception as exc:  # noqa: BLE001 - a snapshot that fails leaves the previous ones; training goes on
             if self.error is None:
                 print(f"clusterctl: warning: rank {self.rank}: the in-memory snapshot of step {step} failed ({exc});"
                       " restarts resume from the previous one or the durable checkpoint", file=sys.stderr, flush=True)
             self.error = f"{type(exc).__name__}: {exc}"
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+
+    def _replicate(self, step: int, data: bytes) -> None:
+        """Ours to the holder, the sender's to this node: every rank does both for the same step, a ring."""
+        head_out = torch.tensor([len(data), step], dtype=torch.int64)
+        head_in = torch.zeros(2, dtype=torch.int64)
+        for op in (dist.isend(head_out, self.holder, group=self.group), dist.irecv(head_in, self.sender, group=self.group)):
+            op.wait()
+        payload_in = torch.empty(int(head_in[0]), dtype=torch.uint8)
+        payload_out = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        for op in (dist.isend(payload_out, self.holder, group=self.group),
+                   dist.irecv(payload_in, self.sender, group=self.group)):
+            op.wait()
+        write_whole(self.node / f"replica-{self.sender}-of-{self.tag}", int(head_in[1]), payload_in.numpy().tobytes())
 
     def wait(self) -> None:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
 
-    def newest_common(self) -> int | None:
-        """The newest step every rank holds (collective: two all-reduces per step tried), None when there is none."""
-        mine = self.steps()
-        candidate = mine[0] if mine else -1
-        if not dist.is_initialized():
-            return candidate if candidate >= 0 else None
-        for _ in range(KEEP + 1):
-            low = torch.tensor([candidate], dtype=torch.int64, device=self.device)
-            dist.all_reduce(low, op=dist.ReduceOp.MIN)
-            step = int(low.item())
-            if step < 0:
-                return None
-            held = torch.tensor([1 if step in mine else 0], dtype=torch.int64, device=self.device)
-            dist.all_reduce(held, op=dist.ReduceOp.MIN)
-            if held.item():
-                return step
-            candidate = max([s for s in mine if s < step], default=-1)
-        return None
+    def holdings(self) -> dict[int, dict[int, str]]:
+        """What this node holds, own snapshots and replicas alike: rank -> step -> file."""
+        held: dict[int, dict[int, str]] = {}
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(self.node):
+                match = HOLDINGS.match(entry)
+                if match and match.group(3) == self.tag:
+                    for step, path in steps_in(self.node / entry).items():
+                        held.setdefault(int(match.group(2)), {}).setdefault(step, str(path))
+        return held
 
-    def load(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        """This rank's state and extra of `step` (in CPU memory: set_state_dict copies them into place)."""
-        data = torch.load(self.path(step), map_location="cpu", weights_only=False)
-        return data["state"], data["extra"]
+    def restore(self, durable_step: int | None) -> Restored | None:
+        """The newest step whose state every rank can have, when not older than `durable_step`.
+
+        Collective. None when no step is whole across the ranks' nodes or
+        the durable checkpoint is newer: every rank then resumes from that.
+        """
+        held = self.holdings()
+        if self.group is None:
+            everyone = [held]
+        else:
+            everyone = [None] * self.world
+            dist.all_gather_object(everyone, {r: sorted(s) for r, s in held.items()}, group=self.group)
+        step = newest_whole(everyone, self.world)
+        if step is None or (durable_step is not None and step < durable_step):
+            return None
+        data = None
+        served: dict[int, int] = {}  # rank -> the rank whose node sent it its state
+        for r in range(self.world):  # the same order on every rank: each transfer pairs exactly two ranks
+            sources = [q for q, node in enumerate(everyone) if step in node.get(r, ())]
+            if r in sources:
+                continue  # rank r's own node holds it
+            served[r] = sources[0]
+            if sources[0] == self.rank:
+                box = [Path(held[r][step]).read_bytes()]
+                dist.send_object_list(box, dst=r, group=self.group)
+            elif r == self.rank:
+                box = [None]
+                dist.recv_object_list(box, src=sources[0], group=self.group)
+                data = box[0]
+        if data is None:
+            data = Path(held[self.rank][step]).read_bytes()
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        if loaded.get("rank") != self.rank or loaded.get("step") != step:
+            raise RuntimeError(f"rank {self.rank}: the snapshot of step {step} holds rank {loaded.get('rank')}'s"
+                               f" step {loaded.get('step')}")
+        return Restored(step, loaded["state"], loaded["extra"], served)
+
+
+@dataclass(frozen=True)
+class Restored:
+    step: int
+    state: dict[str, Any]
+    extra: dict[str, Any]
+    served: dict[int, int]  # ranks whose own node lacked the snapshot -> the rank whose node sent it
+
+
+def newest_whole(everyone: list[dict[int, Any]], world: int) -> int | None:
+    """The newest step for which every rank's state is held by some rank's node (pure)."""
+    steps = {s for node in everyone for held in node.values() for s in held}
+    for step in sorted(steps, reverse=True):
+        if all(any(step in node.get(r, ()) for node in everyone) for r in range(world)):
+            return step
+    return None
 
 
 def remove_node(root: Path, run_id: str, node: str) -> None:

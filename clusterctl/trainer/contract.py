@@ -50,6 +50,8 @@ from clusterctl.runtime import heartbeat as heartbeats
 from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
 from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
 
+SNAPSHOT_TIMEOUT_S = 300  # a peer that neither sends nor takes its replica for this long fails the snapshot, not training
+
 
 def rng_state() -> dict[str, str]:
     state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
@@ -128,17 +130,23 @@ class Contract:
         self.snapshots = self._snapshots()
 
     def _snapshots(self) -> Any:
-        """In-memory snapshots when checkpoint.memory_interval asks for them (checkpoint/snapshots.py)."""
+        """In-memory snapshots when checkpoint.memory_interval asks for them (checkpoint/snapshots.py); collective."""
         if not self.settings.memory_interval:
             return None
+        from datetime import timedelta
+
         from clusterctl.checkpoint import snapshots
 
+        group = None
+        if dist.is_initialized() and self.world > 1:  # replicas and restores travel off the training's group
+            group = dist.new_group(backend="gloo", timeout=timedelta(seconds=SNAPSHOT_TIMEOUT_S))
         node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-        where = snapshots.rank_dir(snapshots.default_root(), self.settings.run_id or "standalone", node, self.rank,
-                                   self.world, self.settings.layout)
-        device = next(self.model.parameters()).device
-        return snapshots.Snapshots(where, rank=self.rank, world=self.world, interval=self.settings.memory_interval,
-                                   device=device)
+        return snapshots.Snapshots(
+            snapshots.node_dir(snapshots.default_root(), self.settings.run_id or "standalone", node),
+            rank=self.rank, world=self.world, interval=self.settings.memory_interval,
+            tag=snapshots.world_tag(self.world, self.settings.layout),
+            gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), group=group,
+        )
 
     # --- state --------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -159,9 +167,9 @@ class Contract:
 
         generation = self.checkpointer.latest()
         if self.snapshots is not None:
-            held = self.snapshots.newest_common()
-            if held is not None and (generation is None or held >= generation.step):
-                return self._resume_from_memory(held)
+            found = self.snapshots.restore(generation.step if generation is not None else None)
+            if found is not None:
+                return self._resume_from_memory(found)
         if generation is None:
             self._record_resume(None)
             self._steps_begin()
@@ -179,18 +187,18 @@ class Contract:
         self._steps_begin()
         return generation.step + 1
 
-    def _resume_from_memory(self, step: int) -> int:
-        """Every rank holds its snapshot of `step` in host memory: load it, no file system involved."""
+    def _resume_from_memory(self, found: Any) -> int:
+        """Every rank has its state of one step from host memory (its node's, or a peer node's): no file system."""
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         self.heartbeat.phase("load")
-        state, extra = self.snapshots.load(step)
+        step, state, extra = found.step, found.state, found.extra
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if self.sampler is not None and "sampler" in extra:
             self.sampler.load_state_dict(extra["sampler"])
         if "rng" in extra:
             set_rng_state(extra["rng"])
-        self._record_resume(None, memory_step=step)
+        self._record_resume(None, memory=found)
         self._steps_begin()
         return step + 1
 
@@ -209,7 +217,7 @@ class Contract:
         """
         self._record({"training": training or {}, "data": data or {}}, replace=True)
 
-    def _record_resume(self, generation: Any, memory_step: int | None = None) -> None:
+    def _record_resume(self, generation: Any, memory: Any = None) -> None:
         """The facts resume() knows: the generation (or memory snapshot) and data position resumed from, optimizer, model, seeds."""
         if self.rank != 0 or not os.environ.get(envnames.ATTEMPT_DIR):
             return
@@ -217,11 +225,13 @@ class Contract:
 
         recovery: dict[str, Any] = {"schema_version": FORMAT, "checkpoint_dir": str(self.directory)}
         data: dict[str, Any] = {}
-        if memory_step is not None:
-            recovery.update(resumed=True, start_step=memory_step + 1,
-                            how=f"resumed from the in-memory snapshot of step {memory_step}",
-                            resumed_from={"step": memory_step, "memory": True, "path": str(self.snapshots.directory)})
-            data["resumed_position"] = {"step": memory_step}
+        if memory is not None:
+            peers = ", ".join(f"rank {r} from rank {q}'s node" for r, q in sorted(memory.served.items()))
+            recovery.update(resumed=True, start_step=memory.step + 1,
+                            how=f"resumed from the in-memory snapshot of step {memory.step}" + (f" ({peers})" if peers else ""),
+                            resumed_from={"step": memory.step, "memory": True, "path": str(self.snapshots.node),
+                                          "from_peers": {str(r): q for r, q in memory.served.items()}})
+            data["resumed_position"] = {"step": memory.step}
         elif generation is None:
             recovery.update(resumed=False, resumed_from=None, start_step=0,
                             how=f"from scratch: no committed generation in {self.directory}")

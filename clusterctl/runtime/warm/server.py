@@ -190,13 +190,18 @@ class Server:
             data = child.conn.recv(65536)
         except OSError:
             data = b""
-        if not data:  # the client is gone: so is the task srun tracks
+        try:
+            messages = child.reader.feed(data) if data else None
+        except protocol.ProtocolError as exc:
+            log(f"the client of child {child.pid} sent {exc}: it is ended")
+            messages = None
+        if messages is None:  # the client is gone (or beyond understanding): so is the task srun tracks
             self.drop(child)
             if child.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGKILL)
             return
-        for message in child.reader.feed(data):
+        for message in messages:
             sig = message.get("signal")
             if isinstance(sig, int) and child.pid:
                 with contextlib.suppress(ProcessLookupError, ValueError):
