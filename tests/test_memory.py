@@ -114,3 +114,19 @@ def test_does_not_fit_verdict() -> None:
 @pytest.mark.parametrize(("pp", "vpp", "m", "expected"), [(1, 1, 8, 0.0), (4, 1, 8, 3 / 11), (4, 2, 8, 3 / 19)])
 def test_bubble_fraction(pp: int, vpp: int, m: int, expected: float) -> None:
     assert bubble_fraction(pp, vpp, m) == pytest.approx(expected)
+
+
+def test_in_memory_snapshots_are_sized_against_the_nodes_host_memory() -> None:
+    from clusterctl.errors import ConfigError
+
+    shape = {"nodes": 2, "gpus_per_node": 8, "model": {"params": 7_000_000_000}, "parallel": {"tp": 8},
+             "checkpoint": {"memory_interval": 1}}
+    fits = plan_for(**shape)  # 7B over tp 8: 14 GB of state per GPU; 4 copies, 8 GPUs: 448 GB of the node's 2,048
+    assert fits.snapshots.per_gpu == 4 * (fits.memory.params + fits.memory.optimizer)
+    assert fits.snapshots.per_node == 8 * fits.snapshots.per_gpu and fits.snapshots.fits
+    with pytest.raises(ConfigError) as refused:
+        plan_for(**{**shape, "model": {"params": 70_000_000_000}, "parallel": {"tp": 8, "pp": 2}, "nodes": 2})
+    (problem,) = refused.value.problems
+    assert problem.path == "checkpoint.memory_interval" and problem.value == 1
+    assert "1960.00 GB per node of the node's 2048.00 GB" in problem.allowed and "set 0 (no snapshots)" in problem.allowed
+    assert plan_for(**{**shape, "checkpoint": {"memory_interval": 0}}).snapshots is None

@@ -662,3 +662,22 @@ def test_errors_raise_config_error_from_the_api() -> None:
         parse_topo("GPU0 GPU1\nGPU0 X NV4\n", "t.txt")
     assert info.value.exit_code == 65
     assert "no row for GPU1" in str(info.value)
+
+
+def test_host_memory_comes_from_slurm_confs_real_memory_of_the_imported_nodes(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c\nSlurmctldHost=head # a comment\nNodeName=DEFAULT Sockets=2\n"
+                    "NodeName=gpu-[001-004] CPUs=64 RealMemory=2000000 Gres=gpu:8\n"
+                    "NodeName=gpu-[005-008] CPUs=64 RealMemory=1000000 Gres=gpu:8\nPartitionName=gpu Nodes=ALL\n")
+    topo = fixture("dgx-h100_mooncake-2039.txt")
+    ours = cli("site", "import", "--name", "m", "--topo", topo, "--slurm-conf", conf, "--nodes", "gpu-[001-004]")
+    assert ours.exit_code == 0, ours.output
+    (nt,) = yaml.safe_load(ours.stdout)["node_types"].values()
+    assert nt["host_memory_gb"] == 2097.2  # 2,000,000 MiB in GB (10^9 bytes)
+    every = cli("site", "import", "--name", "m", "--topo", topo, "--slurm-conf", conf)
+    assert next(iter(yaml.safe_load(every.stdout)["node_types"].values()))["host_memory_gb"] == 1048.6  # the smallest
+    unknown = cli("site", "import", "--name", "m", "--topo", topo)
+    assert "host_memory_gb" not in next(iter(yaml.safe_load(unknown.stdout)["node_types"].values()))
+    assert "host_memory_gb unknown: pass --host-memory-gb or --slurm-conf" in unknown.stderr  # warned, never refused
+    missing = cli("site", "import", "--name", "m", "--topo", topo, "--slurm-conf", tmp_path / "nothere.conf")
+    assert missing.exit_code == 65 and "slurm.conf" in missing.stderr and "no such file" in missing.stderr

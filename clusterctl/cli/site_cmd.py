@@ -101,6 +101,12 @@ def import_(
         Optional[int],
         typer.Option("--smt-offset", min=1, help="gres.conf Cores=: core c's second thread is CPU c+N"),
     ] = None,
+    host_memory_gb: Annotated[
+        Optional[float], typer.Option("--host-memory-gb", min=0.001, help="memory per node in GB (10^9 bytes)")
+    ] = None,
+    slurm_conf: Annotated[
+        Optional[Path], typer.Option("--slurm-conf", help="slurm.conf: the nodes' RealMemory (host_memory_gb)")
+    ] = None,
     slurm_version: Annotated[
         Optional[str],
         typer.Option("--slurm-version", metavar="RELEASE", help="the cluster's Slurm release, e.g. 24.05 (default: this"
@@ -121,7 +127,7 @@ def import_(
     The YAML goes to standard output, warnings to standard error.
     """
     from clusterctl.siteimport.build import ImportOptions, rail_map, to_yaml
-    from clusterctl.siteimport.importer import import_site
+    from clusterctl.siteimport.importer import import_site, slurm_conf_memory
     from clusterctl.siteimport.probe import probe as probe_node
     from clusterctl.siteimport.probe import slurm_release
     from clusterctl.syntax.slurmrelease import parse_site_release
@@ -146,6 +152,7 @@ def import_(
         interface=interface,
         gpu_model=gpu_model,
         gpu_memory_gb=gpu_memory_gb,
+        host_memory_gb=host_memory_gb or (slurm_conf_memory(slurm_conf, nodes) if slurm_conf is not None else None),
         nvlink_domain=nvlink_domain,
         sockets=sockets,
         exclude_nics=_names(exclude_nic),

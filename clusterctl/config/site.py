@@ -77,17 +77,15 @@ class Nic(Section):
     rail: NonNegativeInt | None = Field(None, description="rail (leaf switch plane); none for storage/management NICs")
     port: PositiveInt = Field(1, description="HCA port, as in NCCL_IB_HCA=mlx5_0:1")
     netdev: str | None = Field(None, description="network interface of this NIC (for UCX/socket transports)")
-    kind: Literal["ib", "roce", "ethernet", "efa", "slingshot", "loopback"] = Field(
-        "ib", description="the link: InfiniBand, RoCE, Ethernet, EFA, Slingshot or loopback"
-    )
+    kind: Literal["ib", "roce", "ethernet", "efa", "slingshot", "loopback"] = Field("ib", description="the link")
 
 
 class NodeType(Section):
     gpu_model: str = Field(description="the GPU's model name, e.g. H100-SXM5-80GB (shown in plans and reports)")
-    gpu_vendor: Literal["nvidia", "amd", "emulated"] = Field(
-        "nvidia", description="nvidia, amd, or emulated (the local and test sites: no GPU hardware)"
-    )
+    gpu_vendor: Literal["nvidia", "amd", "emulated"] = Field("nvidia", description="emulated: the local and test sites")
     gpu_memory_gb: float = Field(gt=0, description="memory per GPU in GB (10^9 bytes)")
+    host_memory_gb: float | None = Field(None, gt=0, description="host memory per node in GB (10^9 bytes): in-memory"
+                                         " snapshots are sized against it (site import: slurm.conf's RealMemory)")
     nvlink_domain: PositiveInt = Field(description="GPUs per NVLink (or Infinity Fabric) domain")
     sockets: PositiveInt = Field(1, description="CPU sockets per node")
     gpus: list[Gpu] = Field(min_length=1, description="every GPU of the node: its NUMA node, CPUs and NICs (the rail map)")

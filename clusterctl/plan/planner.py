@@ -14,6 +14,7 @@ from clusterctl.config.spec import JobSpec
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
 from clusterctl.plan.interval import IntervalAdvice, advise
+from clusterctl.plan.hostmemory import SnapshotCost, snapshot_check
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.segments import BOUND, Segments, bound_kinds, plan_segments
@@ -57,6 +58,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     suspects: SuspectChoice = field(default_factory=SuspectChoice)  # suspect nodes left out (in spec.topology.exclude)
     segments: Segments | None = None  # on a block site: the segments that keep NVLink-bound groups in one block
+    snapshots: SnapshotCost | None = None  # checkpoint.memory_interval's host memory
 
     @property
     def world_size(self) -> int:
@@ -111,6 +113,7 @@ class Plan:
             "traffic": {k: t.as_dict() for k, t in self.traffic.items()},
             "dp_rails": self.dp_rails,
             "memory": self.memory.as_dict() if self.memory else None,
+            "snapshots": self.snapshots.as_dict() if self.snapshots else None,
             "checkpoint": self.checkpoint.as_dict() if self.checkpoint else None,
             "segments": self.segments.as_dict() if self.segments else None,
             "warnings": self.warnings,
@@ -163,6 +166,10 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
     memory = _memory(spec, node_type, layout, batch)
     if memory is not None and not memory.fits:
         warnings.append("the memory estimate does not fit the GPU: see the memory table")
+    snapshots, snapshot_problems = snapshot_check(spec.checkpoint.memory_interval, memory, gpn, node_type.host_memory_gb,
+                                                  warnings)
+    if snapshot_problems:
+        raise ConfigError(source, snapshot_problems)
     for name in secretenv.suspicious(spec.env):
         warnings.append(f"env.{name} looks like a secret, and env values are written to spec.yaml and job.sbatch:"
                         f" list {name} in secret_env instead (its value is then taken from the submitting environment)")
@@ -188,6 +195,7 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
         warnings=warnings,
         suspects=choice,
         segments=segments,
+        snapshots=snapshots,
     )
 
 

@@ -100,6 +100,7 @@ class NodeFacts:
     nvlink_domain: int | None = None
     gpu_model: str | None = None
     gpu_memory_gb: float | None = None
+    host_memory_gb: float | None = None  # the node's memory (a live probe's /proc/meminfo)
     gpu_vendor: str = "nvidia"
     siblings: dict[int, frozenset[int]] | None = None
     numa_cpus: dict[int, frozenset[int]] | None = None
@@ -117,6 +118,7 @@ class ImportOptions:
     interface: str | None = None
     gpu_model: str | None = None
     gpu_memory_gb: float | None = None
+    host_memory_gb: float | None = None  # --host-memory-gb, else slurm.conf's RealMemory (--slurm-conf)
     nvlink_domain: int | None = None
     sockets: int | None = None
     exclude_nics: list[str] = field(default_factory=list)
@@ -374,10 +376,15 @@ def node_type_from_facts(
     domain = opts.nvlink_domain or facts.nvlink_domain or 1
     numa_nodes = {g.numa for g in gpus}
     sockets = opts.sockets or facts.sockets or max(1, len(numa_nodes))
+    host = opts.host_memory_gb or facts.host_memory_gb
+    if host is None:
+        warnings.append("host_memory_gb unknown: pass --host-memory-gb or --slurm-conf (RealMemory), or edit the YAML;"
+                        " without it in-memory snapshots are not checked against the nodes' memory")
     data = {
         "gpu_model": model,
         "gpu_vendor": facts.gpu_vendor,
         "gpu_memory_gb": None if memory is None else round(float(memory), 1) if float(memory) % 1 else int(memory),
+        **({"host_memory_gb": round(float(host), 1) if float(host) % 1 else int(host)} if host else {}),
         "nvlink_domain": domain,
         "sockets": sockets,
         "gpus": [

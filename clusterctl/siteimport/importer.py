@@ -34,7 +34,7 @@ from clusterctl.siteimport.build import (
     node_type_from_facts,
 )
 from clusterctl.siteimport.nvsmi import parse_topo
-from clusterctl.siteimport.slurmconf import GresNodes, parse_gres_conf, parse_topology_conf
+from clusterctl.siteimport.slurmconf import GresNodes, hostlist_names, parse_gres_conf, parse_topology_conf, real_memory_gb
 from clusterctl.siteimport.topologyyaml import looks_like_topology_yaml, parse_topology_yaml
 from clusterctl.syntax import hostlist
 
@@ -49,6 +49,12 @@ def read_input(path: Path, what: str) -> str:
         raise ConfigError(source, [Problem("", OMIT, f"is a directory, expected a {what} file")]) from None
     except OSError as exc:
         raise ConfigError(source, [Problem("", OMIT, f"cannot be read ({exc.strerror})")]) from None
+
+
+def slurm_conf_memory(path: Path, nodes: str | None) -> float | None:
+    """host_memory_gb from slurm.conf: the smallest RealMemory of the imported nodes (of every NodeName line without --nodes)."""
+    names = set(hostlist_names(nodes, "--nodes", "--nodes")) if nodes else None
+    return real_memory_gb(read_input(path, "slurm.conf"), str(path), names)
 
 
 def import_site(

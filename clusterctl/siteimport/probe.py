@@ -16,6 +16,7 @@ node's files use another directory):
   `sys/class/infiniband/<dev>/device/net/*` and `.../device/numa_node`:
   each RDMA NIC's kind (InfiniBand or RoCE), active port, network
   interface and NUMA node;
+- `proc/meminfo`: the node's memory (host_memory_gb);
 - `proc/net/route`: the interface of the default route, proposed as the
   rendezvous interface.
 
@@ -75,6 +76,17 @@ def _nvidia_smi(command: Sequence[str], args: list[str], run: Runner) -> str:
         reason = said[0] if said else f"exit status {done.returncode}"
         raise NoGpuError(f"no NVIDIA GPUs here: `{shown}` says: {reason}; {hint}")
     return done.stdout
+
+
+def read_host_memory_gb(root: Path) -> float | None:
+    """MemTotal of proc/meminfo, in GB (what the kernel has; a little under what slurm.conf's RealMemory may say)."""
+    try:
+        for line in (root / "proc" / "meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) * 1024 / 1e9, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def read_numa_cpus(root: Path) -> dict[int, frozenset[int]]:
@@ -172,6 +184,7 @@ def probe(
     if len({g["name"] for g in gpus}) > 1:
         facts.warnings.append(f"this node mixes GPU models {sorted({g['name'] for g in gpus})}; using {gpus[0]['name']}")
 
+    facts.host_memory_gb = read_host_memory_gb(root)
     facts.numa_cpus = read_numa_cpus(root) or None
     siblings, sockets = read_cpu_topology(root)
     facts.siblings = siblings or None

@@ -74,6 +74,28 @@ def hostlist_names(expr: str, source: str, path: str, line: int | None = None) -
     return names
 
 
+# --- slurm.conf: what its NodeName lines say of memory ----------------------------------------
+
+
+def real_memory_gb(text: str, source: str = "slurm.conf", nodes: set[str] | None = None) -> float | None:
+    """The smallest RealMemory of the NodeName lines (of `nodes`, when given), in GB; None when none says.
+
+    RealMemory is in megabytes as Slurm counts them (MiB): 16000 is 16.8 GB.
+    Other slurm.conf lines are left alone (they are not all Key=Value).
+    """
+    found: list[float] = []
+    lines = [line for line in text.replace("\r\n", "\n").split("\n") if line.lstrip().lower().startswith("nodename=")]
+    for line_no, pairs in _records("\n".join(lines), source):
+        values = {key.lower(): value for key, value in pairs}
+        memory = values.get("realmemory", "")
+        if not memory.isdigit() or values.get("nodename", "").upper() == "DEFAULT":
+            continue
+        names = set(hostlist_names(values["nodename"], source, "NodeName", line_no))
+        if nodes is None or names & nodes:
+            found.append(int(memory) * 2**20 / 1e9)
+    return round(min(found), 1) if found else None
+
+
 # --- topology.conf ----------------------------------------------------------------------
 
 
