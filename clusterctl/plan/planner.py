@@ -13,8 +13,8 @@ from clusterctl.config.site import NodeType, Site, known_nodes
 from clusterctl.config.spec import JobSpec
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
-from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.hostmemory import SnapshotCost, snapshot_check
+from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.segments import BOUND, Segments, bound_kinds, plan_segments
