@@ -11,7 +11,10 @@
 #    record, a committed checkpoint, GPU samples in the timeline;
 # 3. the plain DDP example (examples/own-script/train_ddp.py, imports nothing of clusterctl) on NCCL: its
 #    steps reported with compute time timed on the GPU's stream (metrics.jsonl `compute_on: cuda`);
-# 4. `clusterctl qualify --up-to node` on the same site (the worker and node rungs).
+# 4. `clusterctl qualify --up-to node` on the same site (the worker and node rungs);
+# 5. a warm restart: the reference trainer on NCCL with in-memory snapshots (`checkpoint.memory_interval: 1`,
+#    pinned host buffers, copies on the GPU's stream), rank 0 killed after step 30: the restart's ranks forked
+#    from the warm process server (no CUDA context in it), resumed from the snapshot of the last step.
 # Without an NVIDIA GPU it says so and exits 0. Every step's output is kept under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -78,6 +81,29 @@ env: {STEPS: "300", BUSY_S: "0.02"}
 EOF
 step own 300 "${CLUSTERCTL[@]}" submit "$OUT/own.yaml" --backend local --wait
 step qualify 900 "${CLUSTERCTL[@]}" qualify "$OUT/job.yaml" -o "$OUT/qualify" --up-to node --backend local
+cat >"$OUT/warm.yaml" <<EOF
+name: gpu-warm
+site: $OUT/site.yaml
+time_limit: 10m
+nodes: 1
+gpus_per_node: $GPUS
+precision: bf16
+seq_len: 256
+batch: {micro: 8, grad_accum: 1}
+model: {layers: 4, hidden: 512, heads: 8, vocab: 4096, ffn: 2048}
+checkpoint: {interval: 1000, memory_interval: 1}
+runs_root: $OUT/runs
+command: [python3, -m, clusterctl.trainer, --steps, "120", --eval-interval, "0"]
+EOF
+( timeout 600 "${CLUSTERCTL[@]}" submit "$OUT/warm.yaml" --backend local --wait >"$OUT/warm.log" 2>&1; echo $? >"$OUT/warm.rc" ) &
+WARM_SUBMIT=$!
+for ((i = 0; i < 600; i++)); do  # until the first attempt has done 30 steps
+    metrics=$(find "$OUT/runs" -path '*gpu-warm-*/attempt-1/metrics.jsonl' 2>/dev/null | head -n 1)
+    [[ -n "$metrics" ]] && (($(wc -l <"$metrics") >= 30)) && break
+    sleep 0.5
+done
+step warmkill 300 "${CLUSTERCTL[@]}" drill "$(find "$OUT/runs" -maxdepth 1 -name 'gpu-warm-*' | head -n 1)" --kill 0
+wait "$WARM_SUBMIT"
 
 "$PY" - "$OUT" "$GPUS" <<'EOF'
 import glob, json, os, sys
@@ -112,6 +138,21 @@ if runs:
     record = glob.glob(f"{run}/attempt-1/record.json")
     if record:
         found["precision"] = json.load(open(record[0])).get("training", {}).get("precision")
+warm = sorted(glob.glob(f"{out}/runs/gpu-warm-*"))
+if warm:
+    from clusterctl.rundir import rankmanifest
+
+    second = f"{warm[-1]}/attempt-2"
+    record = json.load(open(f"{second}/record.json")) if os.path.exists(f"{second}/record.json") else {}
+    first = f"{warm[-1]}/attempt-1/verdict.json"
+    verdict = json.load(open(first)) if os.path.exists(first) else {}
+    steps = [json.loads(line) for line in open(f"{second}/metrics.jsonl")] if os.path.exists(f"{second}/metrics.jsonl") else []
+    found["warm_restart"] = {
+        "rc": rc("warm"), "drill_rc": rc("warmkill"), "verdict": verdict.get("message"),
+        "resumed": (record.get("recovery") or {}).get("how"),
+        "starts": [r.get("start") for r in rankmanifest.iter_ranks(f"{second}/manifest.json")] if os.path.exists(second) else None,
+        "first_step": steps[0].get("step") if steps else None,
+    }
 try:
     report = json.load(open(f"{out}/qualify/report.json"))
     found["qualify"] = {r["name"]: {"passed": r["passed"], "reason": r["reason"]} for r in report["rungs"]}

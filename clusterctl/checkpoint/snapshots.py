@@ -69,15 +69,48 @@ def world_tag(world: int, layout: Any = None) -> str:
     return f"{world}-" + hashlib.sha256(json.dumps(layout, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-def to_cpu(value: Any) -> Any:
-    """A copy of every tensor in a (nested) state, in CPU memory: the next step may change the originals."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(v) for v in value)
-    return value
+class Staging:
+    """Copies of a state's tensors in CPU memory, taken at the step boundary: the next step may change the originals.
+
+    A CPU tensor is cloned. A GPU tensor is copied without blocking into a
+    pinned host buffer kept for its place in the state (reused by the next
+    snapshot: one is in flight at a time), and the copies' CUDA event is
+    what the background writer waits for before it reads them. The GPU path
+    is unproven until a GPU check has run it (bench/gpu_check.sh).
+    """
+
+    def __init__(self) -> None:
+        self.pinned: dict[str, torch.Tensor] = {}
+        self.event: Any = None
+
+    def copy(self, value: Any, where: str = "") -> Any:
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            if value.device.type != "cuda":
+                return value.to("cpu", copy=True)
+            buffer = self.pinned.get(where)
+            if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+                buffer = self.pinned[where] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            buffer.copy_(value, non_blocking=True)
+            self.event = self.event or torch.cuda.Event()
+            return buffer
+        if isinstance(value, dict):
+            return {k: self.copy(v, f"{where}/{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.copy(v, f"{where}/{i}") for i, v in enumerate(value))
+        return value
+
+    def take(self, state: Any) -> Any:
+        """The copy, its GPU parts under way: `ready()` before reading them."""
+        self.event = None
+        copied = self.copy(state)
+        if self.event is not None:
+            self.event.record()
+        return copied
+
+    def ready(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
 
 
 def steps_in(directory: Path) -> dict[int, Path]:
@@ -119,6 +152,7 @@ class Snapshots:
         self.directory = node / f"rank-{rank}-of-{tag}"
         self.thread: threading.Thread | None = None
         self.error: str | None = None
+        self.staging = Staging()
 
     def due(self, step: int) -> bool:
         return self.interval > 0 and (step + 1) % self.interval == 0
@@ -126,12 +160,13 @@ class Snapshots:
     def take(self, step: int, state: dict[str, Any], extra: dict[str, Any]) -> None:
         """Copy the state to CPU memory now; write it and its replica in the background (one in flight)."""
         self.wait()
-        copy = {"state": to_cpu(state), "extra": extra, "step": step, "rank": self.rank}
+        copy = {"state": self.staging.take(state), "extra": extra, "step": step, "rank": self.rank}
         self.thread = threading.Thread(target=self._write, args=(step, copy), name="clusterctl-snapshot", daemon=True)
         self.thread.start()
 
     def _write(self, step: int, copy: dict[str, Any]) -> None:
         try:
+            self.staging.ready()
             buffer = io.BytesIO()
             torch.save(copy, buffer)
             data = buffer.getvalue()
