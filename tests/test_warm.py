@@ -8,8 +8,10 @@ rank, and where the server cannot serve the command starts cold and says
 why. The end-to-end tests run the reference trainer with
 `checkpoint.memory_interval: 1`: a killed rank's restart is forked warm and
 resumes from the newest step every rank holds in memory, with the losses of
-a run that was never interrupted, bitwise; a server that dies while
-importing leaves a job that runs cold with the reason in every rank's record.
+a run that was never interrupted, bitwise (FSDP2 on the local backend, DDP
+on the Slurm test cluster); a lost node's ranks resume on the spare from the
+replicas their peers hold; a server that dies while importing leaves a job
+that runs cold with the reason in every rank's record.
 """
 
 from __future__ import annotations
@@ -158,12 +160,15 @@ def starts(run: RunDir, attempt: int) -> list[str]:
     return [str(r.get("start")) for r in rankmanifest.iter_ranks(run.attempt(attempt) / rundir.MANIFEST)]
 
 
-def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterrupted_losses(
+def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterrupted_losses(  # DDP and FSDP2
     backend: str, tmp_path: Path
 ) -> None:
     steps = 40
-    memory = {"checkpoint": {"interval": 100, "memory_interval": 1}}  # no durable checkpoint before the kill
-    done = submit(backend, tmp_path, "warm-kill", steps=steps, **memory)
+    parallel = "fsdp" if backend == "local" else "ddp"  # FSDP2's sharded state here, DDP's replicas on the cluster
+    memory = {"checkpoint": {"interval": 100, "memory_interval": 1},  # no durable checkpoint before the kill
+              "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "0",
+                          "--step-compute-s", "0.05", "--parallel", parallel]}
+    done = submit(backend, tmp_path, "warm-kill", **memory)
     run = done.run
     wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
     report = drill(run, "--kill", "1")
@@ -177,7 +182,7 @@ def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterru
     wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == steps - 1, run=run)
     if backend == "local":  # the same job uninterrupted: every loss bitwise equal
         (tmp_path / "whole").mkdir()
-        whole = submit(backend, tmp_path / "whole", "warm-whole", steps=steps, **memory).run
+        whole = submit(backend, tmp_path / "whole", "warm-whole", **memory).run
         wait_for("the uninterrupted run", lambda: max(losses(whole, 1), default=-1) == steps - 1, run=whole)
         reference = losses(whole, 1)
         got = {**losses(run, 1), **losses(run, 2)}
