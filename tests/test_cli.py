@@ -218,7 +218,8 @@ def test_schema_prints_the_job_spec_schema() -> None:
     assert set(schema["required"]) == {"name", "time_limit"}
     assert schema["additionalProperties"] is False
     assert {"checkpoint", "batch", "parallel", "signal", "env", "command"} <= set(schema["properties"])
-    assert set(schema["$defs"]["Checkpoint"]["properties"]) == {"dir", "interval", "keep", "async", "save_seconds", "mtbf"}
+    assert set(schema["$defs"]["Checkpoint"]["properties"]) == {"dir", "interval", "keep", "async", "save_seconds", "mtbf",
+                                                                 "memory_interval"}
     assert "global" in schema["$defs"]["Batch"]["properties"]
 
 

@@ -44,7 +44,9 @@ def run_job(backend: str, tmp_path: Path, fault: str | None, *, checks: list[str
         "parallel": {"tp": 2},
         "signal": {"lead_s": 60},
         "rendezvous": {"timeout": 8},
-        "restart": {"mode": "none"},  # the verdicts themselves; test_recovery_e2e restarts
+        # The verdicts themselves; test_recovery_e2e restarts. A rank slowed from sitecustomize must start its own
+        # interpreter: a rank forked warm ran the server's start-up, not its own (docs/guide/recovery.md).
+        "restart": {"mode": "none", "warm": not (fault or "").startswith("slow")},
         "preflight": {"checks": checks},
         "runs_root": str(tmp_path / "runs"),
         "env": env,

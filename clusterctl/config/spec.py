@@ -260,18 +260,18 @@ class Checkpoint(Section):
         WithJsonSchema({"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"const": "auto"}]}),
     ] = Field(1000, description="steps between saves, or auto (Young/Daly)")
     keep: PositiveInt = Field(2, description="committed generations to retain")
-    memory_interval: NonNegativeInt = Field(
-        0,
-        description="steps between in-memory snapshots (0: none): each rank copies its state to its node's host memory"
-        " in the background, and a restart resumes from the newest step every rank holds, losing at most the step in"
-        " flight (the reference trainer and the Contract; docs/guide/recovery.md)",
-    )
     async_: bool = Field(False, alias="async", description="save in the background while training continues")
     save_seconds: float | None = Field(
         None, gt=0, description="measured time of one save (default: estimated from the state size and the site's bandwidth)"
     )
     mtbf: Seconds | None = Field(
         None, description="mean time between failures of the whole job (default: the site's node MTBF / nodes)"
+    )
+    memory_interval: NonNegativeInt = Field(
+        0,
+        description="steps between in-memory snapshots (0: none): each rank copies its state to its node's host memory"
+        " in the background, and a restart resumes from the newest step every rank holds, losing at most the step in"
+        " flight (the reference trainer and the Contract; docs/guide/recovery.md)",
     )
 
 
