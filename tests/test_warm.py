@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import cli
 from test_recovery_e2e import drill, first_step, nothing_left, story, submit, wait_for
 
 from clusterctl import envnames, rundir
@@ -187,13 +188,10 @@ def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterru
         assert max(losses(run, 2)) - (again - 1) <= 1 and all(s.startswith("warm") for s in starts(run, 3))
         last = 3
     wait_for("the run to finish", lambda: max(losses(run, last), default=-1) == steps - 1, run=run)
-    if backend == "local":  # the same job uninterrupted: every loss bitwise equal
-        (tmp_path / "whole").mkdir()
-        whole = submit(backend, tmp_path / "whole", "warm-whole", **memory).run
-        wait_for("the uninterrupted run", lambda: max(losses(whole, 1), default=-1) == steps - 1, run=whole)
-        reference = losses(whole, 1)
-        got = {**losses(run, 1), **losses(run, 2), **losses(run, 3)}
-        assert got == reference
+    (tmp_path / "whole").mkdir()  # the same job uninterrupted: every loss bitwise equal
+    whole = submit(backend, tmp_path / "whole", "warm-whole", **memory).run
+    wait_for("the uninterrupted run", lambda: max(losses(whole, 1), default=-1) == steps - 1, run=whole)
+    assert {**losses(run, 1), **losses(run, 2), **losses(run, 3)} == losses(whole, 1)
     nothing_left(backend, run)
 
 
@@ -216,7 +214,7 @@ def test_a_lost_nodes_ranks_resume_on_the_spare_from_the_replicas_their_peers_ho
     run = done.run
     wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
     hosts = (run.attempt(1) / rundir.HOSTS).read_text().split()
-    lost = hosts[0]
+    lost = hosts[1]  # not the batch host: losing it would end the job itself
     report = drill(run, "--node", lost)
     assert report["culprit_right"], report
     for own in Path(os.environ["CLUSTERCTL_LOCAL_STATE"]).glob(f"jobs/*/shm/{run.path.name}/{lost}"):
@@ -230,3 +228,24 @@ def test_a_lost_nodes_ranks_resume_on_the_spare_from_the_replicas_their_peers_ho
     assert max(losses(run, 1)) - (resumed - 1) <= 1, story(run)
     assert all(s.startswith("warm") for s in starts(run, 2)), starts(run, 2)  # the spare's server was up from the start
     wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == 29, run=run)
+
+
+def test_a_hung_rank_is_replaced_by_the_spare_which_resumes_from_its_peers_replica(backend: str, tmp_path: Path) -> None:
+    """A hang verdict (82) excludes the culprit's node: its ranks restart warm on the spare, from a peer's memory."""
+    if backend == "local":
+        pytest.skip("a replaced node's ranks restore from peers the same way on both: the local case is the lost node's")
+    done = submit(backend, tmp_path, "warm-hang", steps=400, spares=1, watchdog={"hang_timeout": "10s"},
+                  checkpoint={"interval": 100, "memory_interval": 1})
+    run = done.run
+    wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
+    hosts = (run.attempt(1) / rundir.HOSTS).read_text().split()
+    report = drill(run, "--hang", "1")
+    assert report["culprit_right"], report
+    resumed = first_step(run, 2)
+    now = (run.attempt(2) / rundir.HOSTS).read_text().split()
+    assert hosts[1] not in now and len(now) == len(hosts), now
+    record = json.loads((run.attempt(2) / rundir.RECORD).read_text())["recovery"]
+    assert record["resumed_from"]["memory"] and record["resumed_from"]["from_peers"], record
+    assert resumed - 1 >= 12 and all(s.startswith("warm") for s in starts(run, 2)), (record, starts(run, 2))
+    assert cli("cancel", str(run.path), "--json").exit_code == 0
+    nothing_left(backend, run)
