@@ -195,7 +195,7 @@ def spec(name: str, site: str, runs: Path, **extra: Any) -> dict[str, Any]:
         "nodes": 2,
         "gpus_per_node": 2,
         "runs_root": str(runs),
-        "checkpoint": {"interval": INTERVAL, "keep": 2},
+        "checkpoint": {"interval": INTERVAL, "keep": 2, "memory_interval": 0},  # the durable path; WARM: from memory
         "model": MODEL,
         "seq_len": SEQ_LEN,
         "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(TOTAL_STEPS), "--eval-interval", "0",

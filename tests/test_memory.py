@@ -130,3 +130,11 @@ def test_in_memory_snapshots_are_sized_against_the_nodes_host_memory() -> None:
     assert problem.path == "checkpoint.memory_interval" and problem.value == 1
     assert "1960.00 GB per node of the node's 2048.00 GB" in problem.allowed and "set 0 (no snapshots)" in problem.allowed
     assert plan_for(**{**shape, "checkpoint": {"memory_interval": 0}}).snapshots is None
+
+
+def test_snapshots_by_default_wherever_they_are_known_to_fit() -> None:
+    shape = {"nodes": 2, "gpus_per_node": 8, "model": {"params": 7_000_000_000}, "parallel": {"tp": 8}}
+    assert plan_for(**shape).memory_interval == 1  # auto: dgx-h100 says 2,048 GB a node
+    too_big = plan_for(**{**shape, "model": {"params": 70_000_000_000}, "parallel": {"tp": 8, "pp": 2}})
+    assert too_big.memory_interval == 0 and too_big.snapshots is None  # auto never refuses: it leaves them off
+    assert plan_for(nodes=2, gpus_per_node=8).memory_interval == 0  # no model shape: the state's size is unknown

@@ -46,7 +46,7 @@ def submit(backend: str, tmp_path: Path, name: str, steps: int = 60, **extra: An
         "nodes": 2,
         "gpus_per_node": 1,
         "runs_root": str(tmp_path / "runs"),
-        "checkpoint": {"interval": INTERVAL},
+        "checkpoint": {"interval": INTERVAL, "memory_interval": 0},  # the durable path (test_warm: from memory)
         "model": {"layers": 1, "hidden": 32, "heads": 2, "vocab": 64, "ffn": 64},
         "seq_len": 16,
         "batch": {"micro": 2, "grad_accum": 1},

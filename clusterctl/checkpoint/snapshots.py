@@ -72,16 +72,19 @@ def world_tag(world: int, layout: Any = None) -> str:
 class Staging:
     """Copies of a state's tensors in CPU memory, taken at the step boundary: the next step may change the originals.
 
-    A CPU tensor is cloned. A GPU tensor is copied without blocking into a
-    pinned host buffer kept for its place in the state (reused by the next
-    snapshot: one is in flight at a time), and the copies' CUDA event is
-    what the background writer waits for before it reads them. The GPU path
-    is unproven until a GPU check has run it (bench/gpu_check.sh).
+    A CPU tensor is cloned. A GPU tensor is copied on a side stream, without
+    blocking, into a pinned host buffer kept for its place in the state
+    (reused by the next snapshot: one is in flight at a time), so the copy
+    overlaps the next step's forward and backward; the next optimizer step
+    waits for it on the GPU (`before_update`, an optimizer pre-hook), and
+    the background writer waits for it before it reads the buffers. The GPU
+    path is unproven until a GPU check has run it (bench/gpu_check.sh).
     """
 
     def __init__(self) -> None:
         self.pinned: dict[str, torch.Tensor] = {}
         self.event: Any = None
+        self.stream: Any = None
 
     def copy(self, value: Any, where: str = "") -> Any:
         if isinstance(value, torch.Tensor):
@@ -101,16 +104,26 @@ class Staging:
         return value
 
     def take(self, state: Any) -> Any:
-        """The copy, its GPU parts under way: `ready()` before reading them."""
+        """The copy, its GPU parts under way: `ready()` before reading them, `before_update()` before changing the state."""
         self.event = None
-        copied = self.copy(state)
-        if self.event is not None:
-            self.event.record()
+        if not torch.cuda.is_available():
+            return self.copy(state)
+        self.stream = self.stream or torch.cuda.Stream()
+        self.stream.wait_stream(torch.cuda.current_stream())  # the step's results are what is copied
+        with torch.cuda.stream(self.stream):
+            copied = self.copy(state)
+            if self.event is not None:
+                self.event.record(self.stream)
         return copied
 
     def ready(self) -> None:
         if self.event is not None:
             self.event.synchronize()
+
+    def before_update(self) -> None:
+        """The optimizer is about to change the state: its stream waits for the copies (the host does not)."""
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
 
 
 def steps_in(directory: Path) -> dict[int, Path]:

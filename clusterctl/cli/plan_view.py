@@ -202,8 +202,10 @@ def _checkpoint(plan: Plan) -> Table | Text:
     table.add_row("expected time lost", f"{advice.lost_fraction:.2%} (saving + work redone after failures)")
     configured = plan.spec.checkpoint.interval
     table.add_row("configured", "auto (the suggestion, in steps of the measured step time)" if configured == "auto" else f"every {configured} steps")
-    if plan.snapshots is not None:
-        table.add_row("in memory", f"every {plan.spec.checkpoint.memory_interval} steps: {plan.snapshots.describe()}")
+    if plan.snapshots is not None and plan.memory_interval:
+        auto = " (auto)" if plan.spec.checkpoint.memory_interval == "auto" else ""
+        every = "every step" if plan.memory_interval == 1 else f"every {plan.memory_interval} steps"
+        table.add_row("in memory", f"{every}{auto}: {plan.snapshots.describe()}")
     return table
 
 

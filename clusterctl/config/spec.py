@@ -246,10 +246,17 @@ class Topology(Section):
     )
 
 
-def _interval(value: Any) -> int | str:
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-        return value
-    raise ValueError("expected a positive whole number of steps, or auto")
+def _steps_or_auto(least: int, expected: str) -> Any:
+    def check(value: Any) -> int | str:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+            return value
+        raise ValueError(expected)
+
+    return check
+
+
+_interval = _steps_or_auto(1, "expected a positive whole number of steps, or auto")
+_memory_interval = _steps_or_auto(0, "expected a whole number of steps (0: no snapshots), or auto")
 
 
 class Checkpoint(Section):
@@ -267,12 +274,11 @@ class Checkpoint(Section):
     mtbf: Seconds | None = Field(
         None, description="mean time between failures of the whole job (default: the site's node MTBF / nodes)"
     )
-    memory_interval: NonNegativeInt = Field(
-        0,
-        description="steps between in-memory snapshots (0: none): each rank copies its state to its node's host memory"
-        " in the background, and a restart resumes from the newest step every rank holds, losing at most the step in"
-        " flight (the reference trainer and the Contract; docs/guide/recovery.md)",
-    )
+    memory_interval: Annotated[int | str, PlainValidator(_memory_interval), WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 0}, {"const": "auto"}]})] = Field("auto", description="steps between"
+        " in-memory snapshots (each rank's state in its node's and a peer node's host memory; a restart loses at most"
+        " the step in flight; the Contract and the reference trainer): auto is 1 where the plan knows the state's size"
+        " and the node's host_memory_gb and they fit, else none; 0: none")
 
 
 class Restart(Section):
@@ -281,17 +287,11 @@ class Restart(Section):
         "continuation", description="how a run continues after leaving the allocation"
     )
     in_allocation: bool = Field(True, description="first try a restart inside the same allocation")
-    warm: bool = Field(
-        True,
-        description="fork every attempt's ranks and controller from a process server per node (spares included) that"
-        " imported torch once for the whole job; off, or where it cannot serve, each process starts cold"
-        " (docs/guide/recovery.md)",
-    )
+    warm: bool = Field(True, description="fork every attempt's ranks and controller from a server per node (spares"
+                       " too) that imported torch once for the job; off, or where it cannot serve: cold starts")
     preimport: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = Field(
-        default_factory=list,
-        description="more modules the warm process servers import before forking (lightning, transformers, your"
-        " package): a module your command runs with -m must not be one",
-    )
+        default_factory=list, description="more modules the warm servers import (lightning, your package; not one"
+        " your command runs with -m)")
 
 
 class Watchdog(Section):

@@ -49,9 +49,21 @@ def snapshot_cost(memory: MemoryEstimate, gpus_per_node: int, host_memory_gb: fl
     return SnapshotCost(per_gpu, per_gpu * gpus_per_node, host)
 
 
-def snapshot_check(interval: int, memory: MemoryEstimate | None, gpus_per_node: int, host_memory_gb: float | None,
-                   warnings: list[str]) -> tuple[SnapshotCost | None, list[Problem]]:
-    """The cost of `checkpoint.memory_interval`, a refusal when it does not fit, warnings when it cannot be told."""
+def snapshot_check(interval: int | str, memory: MemoryEstimate | None, gpus_per_node: int, host_memory_gb: float | None,
+                   warnings: list[str]) -> tuple[int, SnapshotCost | None, list[Problem]]:
+    """`checkpoint.memory_interval` resolved (auto: 1 where it is known to fit, else 0), its cost, a refusal, warnings."""
+    if interval == "auto":
+        if memory is None or not host_memory_gb:
+            return 0, None, []
+        cost = snapshot_cost(memory, gpus_per_node, host_memory_gb)
+        return (1, cost, []) if cost.fits else (0, None, [])
+    assert isinstance(interval, int)
+    cost, problems = _checked(interval, memory, gpus_per_node, host_memory_gb, warnings)
+    return interval, cost, problems
+
+
+def _checked(interval: int, memory: MemoryEstimate | None, gpus_per_node: int, host_memory_gb: float | None,
+             warnings: list[str]) -> tuple[SnapshotCost | None, list[Problem]]:
     if not interval:
         return None, []
     if memory is None:

@@ -59,6 +59,7 @@ class Plan:
     suspects: SuspectChoice = field(default_factory=SuspectChoice)  # suspect nodes left out (in spec.topology.exclude)
     segments: Segments | None = None  # on a block site: the segments that keep NVLink-bound groups in one block
     snapshots: SnapshotCost | None = None  # checkpoint.memory_interval's host memory
+    memory_interval: int = 0  # checkpoint.memory_interval resolved (auto: 1 where it is known to fit)
 
     @property
     def world_size(self) -> int:
@@ -113,7 +114,7 @@ class Plan:
             "traffic": {k: t.as_dict() for k, t in self.traffic.items()},
             "dp_rails": self.dp_rails,
             "memory": self.memory.as_dict() if self.memory else None,
-            "snapshots": self.snapshots.as_dict() if self.snapshots else None,
+            "snapshots": {**self.snapshots.as_dict(), "interval": self.memory_interval} if self.snapshots else None,
             "checkpoint": self.checkpoint.as_dict() if self.checkpoint else None,
             "segments": self.segments.as_dict() if self.segments else None,
             "warnings": self.warnings,
@@ -166,8 +167,8 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
     memory = _memory(spec, node_type, layout, batch)
     if memory is not None and not memory.fits:
         warnings.append("the memory estimate does not fit the GPU: see the memory table")
-    snapshots, snapshot_problems = snapshot_check(spec.checkpoint.memory_interval, memory, gpn, node_type.host_memory_gb,
-                                                  warnings)
+    memory_interval, snapshots, snapshot_problems = snapshot_check(spec.checkpoint.memory_interval, memory, gpn,
+                                                                   node_type.host_memory_gb, warnings)
     if snapshot_problems:
         raise ConfigError(source, snapshot_problems)
     for name in secretenv.suspicious(spec.env):
@@ -196,6 +197,7 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
         suspects=choice,
         segments=segments,
         snapshots=snapshots,
+        memory_interval=memory_interval,
     )
 
 

@@ -367,7 +367,7 @@ def build_run_json(
             save_seconds=spec.checkpoint.save_seconds,
             mtbf=spec.checkpoint.mtbf,
             auto_interval_s=plan.checkpoint.interval_s if plan.checkpoint else None,
-            memory_interval=spec.checkpoint.memory_interval,
+            memory_interval=plan.memory_interval,
         ),
         restart=RestartRecord(budget=spec.restart.budget, mode=spec.restart.mode, in_allocation=spec.restart.in_allocation),
         watchdog=WatchdogRecord(

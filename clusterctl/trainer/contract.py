@@ -141,12 +141,14 @@ class Contract:
         if dist.is_initialized() and self.world > 1:  # replicas and restores travel off the training's group
             group = dist.new_group(backend="gloo", timeout=timedelta(seconds=SNAPSHOT_TIMEOUT_S))
         node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-        return snapshots.Snapshots(
+        found = snapshots.Snapshots(
             snapshots.node_dir(snapshots.default_root(), self.settings.run_id or "standalone", node),
             rank=self.rank, world=self.world, interval=self.settings.memory_interval,
             tag=snapshots.world_tag(self.world, self.settings.layout),
             gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), group=group,
         )
+        self.optimizer.register_step_pre_hook(lambda *_: found.staging.before_update())  # a GPU copy in flight
+        return found
 
     # --- state --------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
