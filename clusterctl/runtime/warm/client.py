@@ -58,9 +58,23 @@ def connect(prefix: str) -> socket.socket | str:
             return sock
         except OSError as exc:
             sock.close()
-            if time.time() >= deadline:
-                return f"no warm process server on {node()} ({exc.strerror or exc})"
+            ended = server_ended(prefix)
+            if ended or time.time() >= deadline:
+                return ended or f"no warm process server on {node()} ({exc.strerror or exc})"
         time.sleep(RETRY_S)
+
+
+def server_ended(prefix: str) -> str:
+    """Why this node's server is known to be gone ('' when it may only not be listening yet)."""
+    try:
+        with open(protocol.pid_file(prefix, node())) as fh:
+            pid = int(fh.read().strip())
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"the warm process server on {node()} (pid {pid}) has ended"
+    except (OSError, ValueError):
+        pass
+    return ""
 
 
 def request(argv: list[str]) -> dict:

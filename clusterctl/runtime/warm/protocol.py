@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import struct
 from typing import Any
@@ -35,6 +36,11 @@ class ProtocolError(Exception):
 def socket_name(prefix: str, node: str) -> str:
     """The abstract socket of `node`'s server (the leading NUL makes it abstract)."""
     return f"\0{prefix}.{node}"
+
+
+def pid_file(prefix: str, node: str) -> str:
+    """Where `node`'s server writes its pid once it listens: a client refused can tell "not yet" from "ended"."""
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{prefix}.{node}.pid")
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:

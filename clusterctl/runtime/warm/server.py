@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"cannot listen: {exc}")
         return 1
     listener.listen(256)  # clients wait in the backlog while the imports run
+    marker = protocol.pid_file(prefix, node())
+    with contextlib.suppress(OSError):
+        with open(marker, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
     began = time.monotonic()
     failed = preimport([*([] if args.only else IMPORTS), *args.imports])
     import gc
@@ -277,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     log(json.dumps({"ready_s": round(time.monotonic() - began, 2), "threads": threads, "not_imported": failed}))
     def end(*_: object) -> None:  # the job ends: this node's in-memory snapshots go; the children follow (PDEATHSIG)
+        with contextlib.suppress(OSError):
+            os.unlink(marker)
         if args.run_dir:
             from clusterctl.checkpoint import snapshots
 
