@@ -25,6 +25,7 @@ import time
 
 from clusterctl import envnames
 from clusterctl.runtime.warm import protocol
+from clusterctl.runtime.warm.protocol import node
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGALRM, signal.SIGCONT)
@@ -41,10 +42,6 @@ def since() -> float:
         return float(text)
     except ValueError:
         return 0.0
-
-
-def node() -> str:
-    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
 
 
 def connect(prefix: str) -> socket.socket | str:

@@ -33,6 +33,11 @@ class ProtocolError(Exception):
     """The other side said something that is not a message, or went away mid-message."""
 
 
+def node() -> str:
+    """This node's name as Slurm gives it (emulated nodes share one hostname)."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+
+
 def socket_name(prefix: str, node: str) -> str:
     """The abstract socket of `node`'s server (the leading NUL makes it abstract)."""
     return f"\0{prefix}.{node}"

@@ -37,6 +37,7 @@ from typing import Any
 
 from clusterctl import envnames
 from clusterctl.runtime.warm import protocol
+from clusterctl.runtime.warm.protocol import node
 
 # What every rank and controller imports: torch and its distributed and checkpointing parts, clusterctl's node side.
 IMPORTS = (
@@ -67,10 +68,6 @@ CRED = struct.Struct("3i")  # pid, uid, gid
 def log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} clusterctl warm server on {node()}: {message}", file=sys.stderr,
           flush=True)
-
-
-def node() -> str:
-    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
 
 
 def preimport(names: list[str]) -> dict[str, str]:
