@@ -249,3 +249,19 @@ def test_a_hung_rank_is_replaced_by_the_spare_which_resumes_from_its_peers_repli
     assert resumed - 1 >= 12 and all(s.startswith("warm") for s in starts(run, 2)), (record, starts(run, 2))
     assert cli("cancel", str(run.path), "--json").exit_code == 0
     nothing_left(backend, run)
+
+
+def test_snapshots_are_neither_written_nor_read_under_a_directory_others_may_enter(tmp_path: Path) -> None:
+    """/dev/shm is every user's: a snapshot is a pickle, so a directory not this user's alone is never trusted."""
+    from clusterctl.checkpoint.snapshots import Snapshots, node_dir, private_root, write_whole
+
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)  # as if someone had made it for everyone first
+    planted = node_dir(root, "run", "nodeA")
+    write_whole(planted / "rank-0-of-1", 3, b"a pickle someone left")
+    assert "not a directory of this user's alone (mode 777" in private_root(root)
+    snaps = Snapshots(planted, rank=0, world=1, interval=1, tag="1", gpus_per_node=1)
+    assert snaps.holdings() == {} and snaps.restore(None) is None  # nothing planted is ever loaded
+    fresh = tmp_path / "mine"
+    assert private_root(fresh) == "" and (fresh.stat().st_mode & 0o777) == 0o700

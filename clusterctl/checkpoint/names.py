@@ -16,6 +16,7 @@ from dataclasses import dataclass
 MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
 STEP_DIGITS = 8
+SNAPSHOTS_KEPT = 2  # in-memory snapshots (snapshots.py) each rank keeps, and of its peer's: plan/hostmemory.py sizes them
 
 COMMITTED = "committed"
 TEMPORARY = "temporary"

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -43,8 +44,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from clusterctl.checkpoint.names import SNAPSHOTS_KEPT, STEP_DIGITS
+
 ROOT_ENV = "CLUSTERCTL_SNAPSHOTS"
-KEEP = 2  # per rank: the newest may be half-written when a rank dies; the one before it is whole
+KEEP = SNAPSHOTS_KEPT  # per rank: the newest may be half-written when a rank dies; the one before it is whole
 PREFIX, SUFFIX = "step-", ".pt"
 HOLDINGS = re.compile(r"^(rank|replica)-(\d+)-of-(.+)$")
 
@@ -55,6 +58,23 @@ def default_root() -> Path:
         return Path(configured)
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
     return base / f"clusterctl-{os.getuid()}"
+
+
+def private_root(root: Path) -> str:
+    """'' when `root` is this user's alone (made so when missing), else why not: /dev/shm is every user's.
+
+    A directory another user made, or one others may enter, could hold files
+    planted for a restart to load (a snapshot is a pickle): then no snapshot
+    is written or read there.
+    """
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        found = os.lstat(root)
+    except OSError as exc:
+        return f"cannot make {root}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        return f"{root} is not a directory of this user's alone (mode {stat.S_IMODE(found.st_mode):o}, uid {found.st_uid})"
+    return ""
 
 
 def node_dir(root: Path, run_id: str, node: str) -> Path:
@@ -144,13 +164,14 @@ def write_whole(directory: Path, step: int, data: bytes) -> None:
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
-        os.replace(tmp, directory / f"{PREFIX}{step:08d}{SUFFIX}")
+        os.replace(tmp, directory / f"{PREFIX}{step:0{STEP_DIGITS}d}{SUFFIX}")
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    for old in sorted(steps_in(directory), reverse=True)[KEEP:]:
+    held = steps_in(directory)
+    for old in sorted(held, reverse=True)[KEEP:]:
         with contextlib.suppress(OSError):
-            (directory / f"{PREFIX}{old:08d}{SUFFIX}").unlink()
+            held[old].unlink()
 
 
 class Snapshots:
@@ -166,6 +187,9 @@ class Snapshots:
         self.thread: threading.Thread | None = None
         self.error: str | None = None
         self.staging = Staging()
+        self.untrusted = private_root(node.parent.parent)
+        if self.untrusted:
+            print(f"clusterctl: warning: rank {rank}: no in-memory snapshots: {self.untrusted}", file=sys.stderr, flush=True)
 
     def due(self, step: int) -> bool:
         return self.interval > 0 and (step + 1) % self.interval == 0
@@ -183,7 +207,8 @@ class Snapshots:
             buffer = io.BytesIO()
             torch.save(copy, buffer)
             data = buffer.getvalue()
-            write_whole(self.directory, step, data)
+            if not self.untrusted:  # the peers' exchange goes on either way: each one waits for its sender
+                write_whole(self.directory, step, data)
             if self.group is not None and self.holder != self.rank:
                 self._replicate(step, data)
         except Exception as exc:  # noqa: BLE001 - a snapshot that fails leaves the previous ones; training goes on
@@ -203,7 +228,8 @@ class Snapshots:
         for op in (dist.isend(payload_out, self.holder, group=self.group),
                    dist.irecv(payload_in, self.sender, group=self.group)):
             op.wait()
-        write_whole(self.node / f"replica-{self.sender}-of-{self.tag}", int(head_in[1]), payload_in.numpy().tobytes())
+        if not self.untrusted:
+            write_whole(self.node / f"replica-{self.sender}-of-{self.tag}", int(head_in[1]), payload_in.numpy().tobytes())
 
     def wait(self) -> None:
         if self.thread is not None:
@@ -211,8 +237,10 @@ class Snapshots:
             self.thread = None
 
     def holdings(self) -> dict[int, dict[int, str]]:
-        """What this node holds, own snapshots and replicas alike: rank -> step -> file."""
+        """What this node holds, own snapshots and replicas alike: rank -> step -> file (nothing from an untrusted root)."""
         held: dict[int, dict[int, str]] = {}
+        if self.untrusted:
+            return held
         with contextlib.suppress(OSError):
             for entry in os.listdir(self.node):
                 match = HOLDINGS.match(entry)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clusterctl.checkpoint.names import SNAPSHOTS_KEPT
 from clusterctl.errors import Problem
 from clusterctl.plan.memory import MemoryEstimate
 from clusterctl.syntax.units import format_gb
 
-KEEP = 2  # checkpoint/snapshots.py keeps this many of each (the node side imports torch; this side must not)
+KEEP = SNAPSHOTS_KEPT  # checkpoint/snapshots.py keeps this many of each
 COPIES = 2 * KEEP  # own snapshots and a peer's replicas
 SHARE = 0.5  # of the node's host memory, at most
 

@@ -1,6 +1,10 @@
-"""A process's state as /proc shows it: for the aggregator's view of its ranks and the fault injector."""
+"""Processes as the kernel reports them: a state from /proc (the aggregator's view of its ranks, the fault
+injector), the children that have ended (the warm process server, the local backend's supervisor)."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
 
 
 def process_state(pid: int) -> str:
@@ -11,3 +15,15 @@ def process_state(pid: int) -> str:
     except OSError:
         return ""
     return text[text.rfind(")") + 2 :].split(" ", 1)[0]
+
+
+def exited_children() -> Iterator[tuple[int, int]]:
+    """(pid, wait status) of every child that has ended, without blocking; none left to wait for ends it."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status

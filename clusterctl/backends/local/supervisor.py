@@ -55,6 +55,7 @@ from clusterctl.backends.local import (
 from clusterctl.backends.local.batchopts import Request, expand_pattern
 from clusterctl.backends.local.formats import counts_text, even_split, timestamp
 from clusterctl.backends.local.records import FINISHED, JobRecord, down_nodes, proc_stat
+from clusterctl.runtime.procfs import exited_children
 from clusterctl.syntax.hostlist import compress
 
 TICK = 0.05
@@ -87,13 +88,7 @@ class Supervisor:
         self.stopped = signum
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in exited_children():
             if pid == self.batch_pid:
                 self.batch_status = status
 

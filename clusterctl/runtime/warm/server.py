@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl import envnames
+from clusterctl.runtime.procfs import exited_children
 from clusterctl.runtime.warm import protocol
 from clusterctl.runtime.warm.protocol import node
 
@@ -215,13 +216,7 @@ class Server:
         with contextlib.suppress(OSError):
             while os.read(self.wake_r, 512):
                 pass
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in exited_children():
             child = self.children.pop(pid, None)
             if child is None:
                 continue
@@ -266,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     listener.listen(256)  # clients wait in the backlog while the imports run
     marker = protocol.pid_file(prefix, node())
-    with contextlib.suppress(OSError):
-        with open(marker, "w") as fh:
+    with contextlib.suppress(OSError):  # never through a name someone else put there first (TMPDIR may be /tmp)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
             fh.write(f"{os.getpid()}\n")
     began = time.monotonic()
     failed = preimport([*([] if args.only else IMPORTS), *args.imports])
