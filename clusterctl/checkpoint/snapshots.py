@@ -38,6 +38,7 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ ROOT_ENV = "CLUSTERCTL_SNAPSHOTS"
 KEEP = SNAPSHOTS_KEPT  # per rank: the newest may be half-written when a rank dies; the one before it is whole
 PREFIX, SUFFIX = "step-", ".pt"
 HOLDINGS = re.compile(r"^(rank|replica)-(\d+)-of-(.+)$")
+GROUP_TIMEOUT_S = 300  # a peer that neither sends nor takes its replica for this long fails the snapshot, not training
 
 
 def default_root() -> Path:
@@ -89,6 +91,22 @@ def world_tag(world: int, layout: Any = None) -> str:
     return f"{world}-" + hashlib.sha256(json.dumps(layout, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+def open_snapshots(interval: int, *, run_id: str, layout: Any, rank: int, world: int) -> Snapshots | None:
+    """This rank's snapshots when `interval` (checkpoint.memory_interval) asks for them, else None.
+
+    Collective when the process group is up: replicas and restores travel on
+    a gloo group of their own, off the training's (and off its GPU streams).
+    """
+    if not interval:
+        return None
+    group = None
+    if dist.is_initialized() and world > 1:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    return Snapshots(node_dir(default_root(), run_id or "standalone", node), rank=rank, world=world, interval=interval,
+                     tag=world_tag(world, layout), gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), group=group)
+
+
 class Staging:
     """Copies of a state's tensors in CPU memory, taken at the step boundary: the next step may change the originals.
 
@@ -118,7 +136,11 @@ class Staging:
             self.event = self.event or torch.cuda.Event()
             return buffer
         if isinstance(value, dict):
-            return {k: self.copy(v, f"{where}/{k}") for k, v in value.items()}
+            copied = {k: self.copy(v, f"{where}/{k}") for k, v in value.items()}
+            if type(value) is not dict:  # an OrderedDict, a framework's AttributeDict: the same kind back where it can be
+                with contextlib.suppress(TypeError, ValueError):
+                    copied = type(value)(copied)
+            return copied
         if isinstance(value, (list, tuple)):
             return type(value)(self.copy(v, f"{where}/{i}") for i, v in enumerate(value))
         return value

@@ -14,7 +14,13 @@ Contract does for a plain loop:
   decided by every rank together in one tiny all-reduce a step;
 * the framework's checkpoint files committed as a generation
   (checkpoint/filesets.py): `clusterctl checkpoints` lists them and
-  `resume_path()` is the newest committed one.
+  `resume_path()` is the newest committed one;
+* with `checkpoint.memory_interval`, the framework's whole checkpoint in
+  host memory after every such step (checkpoint/snapshots.py: this node's
+  and a peer node's), so that a restart in the allocation resumes from the
+  newest step every rank holds, at most the step in flight lost; the
+  resume's choice and where it came from go into the run record
+  (attempt-N/record.json), as the Contract's do.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from typing import Any, Callable, NoReturn
 
 from clusterctl.checkpoint.filesets import commit_files
 from clusterctl.checkpoint.generations import Generation, latest_committed
+from clusterctl.checkpoint.snapshots import Restored, Snapshots, open_snapshots
 from clusterctl.runtime import heartbeat as heartbeats
 from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
+from clusterctl.trainer import runrecord
 from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
 
 
@@ -54,18 +62,52 @@ class FrameworkLoop:
         self.schedule = SaveSchedule(self.settings, rank=self.rank)
         self.owner = secrets.token_hex(4)  # this writer's temporaries are known dead to retention
         self.last_committed: int | None = None
+        self.snapshots: Snapshots | None = None
 
     # --- resume ------------------------------------------------------------------
-    def resume_generation(self) -> Generation | None:
-        """The newest committed generation (None: start from scratch); its load is the phase `load`."""
+    def resume(self) -> Generation | Restored | None:
+        """What to resume from, the same on every rank: an in-memory snapshot, the newest committed generation, or nothing.
+
+        With `checkpoint.memory_interval`, collective: the ranks agree on the
+        newest step whose snapshot every rank can have (checkpoint/snapshots.py);
+        it wins when not older than the newest committed generation. Its load
+        (or the generation's) is the phase `load`.
+        """
         generation = latest_committed(self.directory) if self.directory.is_dir() else None
+        snapshots = self._open_snapshots()
+        found = snapshots.restore(generation.step if generation is not None else None) if snapshots is not None else None
         if self.rank == 0:
-            where = f"resuming from step {generation.step} ({generation.path})" if generation else "no committed checkpoint: from scratch"
+            where = (f"resuming from the in-memory snapshot of step {found.step}" if found is not None
+                     else f"resuming from step {generation.step} ({generation.path})" if generation
+                     else "no committed checkpoint: from scratch")
             print(f"clusterctl: {where}", flush=True)
+        recovery, data = runrecord.resumed(self.directory, self.world, generation=None if found else generation,
+                                           memory=found, memory_path=snapshots.node if found else None)
+        runrecord.write({"recovery": recovery, "data": data}, rank=self.rank, replace=False,
+                        writer=f"clusterctl.integrations ({self.framework})")
         if generation is not None:
-            self.heartbeat.phase("load")
             self.last_committed = generation.step
-        return generation
+        if found is not None or generation is not None:
+            self.heartbeat.phase("load")
+        return found if found is not None else generation
+
+    def _open_snapshots(self) -> Snapshots | None:
+        """This rank's in-memory snapshots (checkpoint.memory_interval), opened once; collective.
+
+        They need the ranks' process group before a framework makes its own
+        (Lightning makes it inside `fit`, after the resume is chosen): then it
+        is made here as the framework would, from the launcher's variables
+        (gloo for CPU tensors, NCCL for CUDA ones where there are GPUs), and
+        the framework finds it made and uses it.
+        """
+        if self.snapshots is None and self.settings.memory_interval:
+            import torch.distributed as dist
+
+            if self.world > 1 and not dist.is_initialized():
+                dist.init_process_group(rank=self.rank, world_size=self.world)
+            self.snapshots = open_snapshots(self.settings.memory_interval, run_id=self.settings.run_id,
+                                            layout=self.settings.layout, rank=self.rank, world=self.world)
+        return self.snapshots
 
     def steps_begin(self) -> None:
         """Training begins now: loading is over, and the first step's time starts."""
@@ -78,6 +120,17 @@ class FrameworkLoop:
         if self.watch is not None:
             self.watch.record({k: v for k, v in (values or {}).items() if v is not None})
             self.watch.step_done(step, hold=hold)
+
+    def snapshot(self, step: int, state: Callable[[], dict[str, Any]]) -> None:
+        """An in-memory snapshot of `state()` (the framework's whole checkpoint) after `step`, when one is due.
+
+        Collective (every rank calls it each step). The state is copied now and
+        written in the background, to this node's and a peer node's host memory.
+        """
+        if self.settings.memory_interval and (step + 1) % self.settings.memory_interval == 0:
+            snapshots = self._open_snapshots()
+            if snapshots is not None:
+                snapshots.take(step, state(), {})
 
     def logged(self, values: dict[str, Any]) -> None:
         """Values the framework logged for the step that just ended."""
@@ -113,6 +166,8 @@ class FrameworkLoop:
         exit_stopped(self.rank, step)
 
     def close(self) -> None:
+        if self.snapshots is not None:
+            self.snapshots.wait()
         if self.watch is not None:
             self.watch.close()
         self.heartbeat.close()

@@ -26,13 +26,22 @@ state there), as the checkpoint directory is.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import random
+import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from transformers import TrainerCallback
+from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import WEIGHTS_NAME
 
 from clusterctl.checkpoint.filesets import move_into
+from clusterctl.checkpoint.snapshots import Restored
 from clusterctl.integrations.framework import FrameworkLoop
 
 LOGGED = ("loss", "learning_rate", "grad_norm")  # what the Trainer logs that metrics.jsonl keeps
@@ -44,11 +53,23 @@ class ClusterctlCallback(TrainerCallback):
     def __init__(self, *, directory: str | Path | None = None, interval: int | None = None, keep: int | None = None) -> None:
         self.loop = FrameworkLoop("hf", directory=directory, interval=interval, keep=keep)
         self._stopping = False
+        self._unpacked: Path | None = None  # an in-memory snapshot laid out for the Trainer to resume from
 
     def resume_from(self) -> str | None:
-        """The newest committed checkpoint's folder, for `trainer.train(resume_from_checkpoint=...)`."""
-        generation = self.loop.resume_generation()
-        return str(generation.path) if generation is not None else None
+        """For `trainer.train(resume_from_checkpoint=...)`: the newest committed checkpoint's folder, or None.
+
+        With `checkpoint.memory_interval` (collective: call it on every rank,
+        after the Trainer is made), a newer in-memory snapshot wins: it is
+        laid out as the Trainer's own checkpoint folder in this node's host
+        memory, one per rank, and removed once training has resumed from it.
+        """
+        found = self.loop.resume()
+        if isinstance(found, Restored):
+            assert self.loop.snapshots is not None  # a snapshot was found in them
+            self._unpacked = unpack(found, self.loop.snapshots.node / f"hf-resume-rank-{self.loop.rank}",
+                                   self.loop.rank, self.loop.world)
+            return str(self._unpacked)
+        return str(found.path) if found is not None else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.loop.steps_begin()
@@ -63,6 +84,10 @@ class ClusterctlCallback(TrainerCallback):
         if stop:
             control.should_training_stop = True
             self._stopping = True
+        if self._unpacked is not None:  # the Trainer has read all of it (the RNG state last, before the first step)
+            shutil.rmtree(self._unpacked.parent, ignore_errors=True)
+            self._unpacked = None
+        self.loop.snapshot(step, lambda: trainer_state(state, kwargs["model"], kwargs["optimizer"], kwargs["lr_scheduler"]))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         values = {k: v for k, v in (logs or {}).items() if k in LOGGED}
@@ -95,3 +120,32 @@ class ClusterctlCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.loop.close()
+
+
+def trainer_state(state: Any, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """What the Trainer's checkpoint folder holds, as one state for an in-memory snapshot (copied before the next step)."""
+    rng: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.random.get_rng_state_all()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "trainer_state": dataclasses.asdict(state), "rng": rng}
+
+
+def unpack(found: Restored, where: Path, rank: int, world: int) -> Path:
+    """A snapshot laid out as the Trainer's own checkpoint folder (`checkpoint-N` under `where`): what it resumes from.
+
+    The Trainer's file names and formats: the model's weights, optimizer and
+    scheduler (torch.save), trainer_state.json, this rank's RNG state.
+    """
+    shutil.rmtree(where, ignore_errors=True)
+    folder = where / f"{PREFIX_CHECKPOINT_DIR}-{found.step + 1}"
+    folder.mkdir(parents=True, mode=0o700)
+    state = found.state
+    torch.save(state["model"], folder / WEIGHTS_NAME)
+    torch.save(state["optimizer"], folder / OPTIMIZER_NAME)
+    if state["scheduler"] is not None:
+        torch.save(state["scheduler"], folder / SCHEDULER_NAME)
+    (folder / TRAINER_STATE_NAME).write_text(json.dumps(state["trainer_state"], indent=2, sort_keys=True) + "\n")
+    torch.save(state["rng"], folder / ("rng_state.pth" if world <= 1 else f"rng_state_{rank}.pth"))
+    return folder

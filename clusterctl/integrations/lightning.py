@@ -17,7 +17,10 @@
   fsync, manifest, rename; `checkpoint.keep` decides what is kept);
 * `callbacks`: `ClusterctlCallback` (one step report per optimizer step with
   the loss `training_step` returned; a save every `checkpoint.interval`
-  steps; on a stop request a save, then exit 85);
+  steps; on a stop request a save, then exit 85; with
+  `checkpoint.memory_interval`, Lightning's whole checkpoint in host memory,
+  which `resume_path()` prefers when it is newer than the newest committed
+  file);
 * `devices=1, num_nodes=WORLD_SIZE`: each rank is one process with its one
   GPU (clusterctl makes only that one visible), so Lightning sees one-device
   "nodes": `trainer.local_rank` is 0 on every rank and `prepare_data` runs
@@ -38,6 +41,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import ClusterEnvironment
 
 from clusterctl import envnames
+from clusterctl.checkpoint.snapshots import Restored
 from clusterctl.integrations.framework import FrameworkLoop
 
 CHECKPOINT_FILE = "lightning.ckpt"
@@ -95,6 +99,14 @@ class CommittedCheckpointIO(TorchCheckpointIO):
     def __init__(self, loop: FrameworkLoop) -> None:
         super().__init__()
         self.loop = loop
+        self.memory: tuple[str, dict[str, Any]] | None = None  # (the name fit() was given, the snapshot's checkpoint)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        """The in-memory snapshot `resume_path()` chose, handed over once; any other path from its file."""
+        if self.memory is not None and str(path) == self.memory[0]:
+            checkpoint, self.memory = self.memory[1], None
+            return checkpoint
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         done = int(checkpoint.get("global_step", 0))
@@ -133,6 +145,8 @@ class ClusterctlCallback(Callback):
             self.loop.saved(step)
         if stop:
             self.loop.exit_stopped(step)
+        # Lightning's whole checkpoint, as a save would write it: a resume from it is a resume from a file.
+        self.loop.snapshot(step, lambda: trainer._checkpoint_connector.dump_checkpoint(weights_only=False))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.loop.close()
@@ -143,10 +157,11 @@ class Clusterctl:
 
     def __init__(self, *, directory: str | Path | None = None, interval: int | None = None, keep: int | None = None) -> None:
         self.loop = FrameworkLoop("lightning", directory=directory, interval=interval, keep=keep)
+        self.io = CommittedCheckpointIO(self.loop)
 
     def trainer_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {
-            "plugins": [CommittedCheckpointIO(self.loop)],
+            "plugins": [self.io],
             "callbacks": [ClusterctlCallback(self.loop)],
         }
         if ClusterctlEnvironment.detect():
@@ -155,5 +170,16 @@ class Clusterctl:
         return options
 
     def resume_path(self) -> str | None:
-        generation = self.loop.resume_generation()
-        return str(generation.path / CHECKPOINT_FILE) if generation is not None else None
+        """For `fit(ckpt_path=...)`: the newest committed checkpoint's file, an in-memory snapshot's name, or None.
+
+        Collective with `checkpoint.memory_interval` (integrations/framework.py):
+        a snapshot chosen is handed to Lightning by `CommittedCheckpointIO`
+        when `fit` loads the name returned here.
+        """
+        found = self.loop.resume()
+        if isinstance(found, Restored):
+            assert self.loop.snapshots is not None  # a snapshot was found in them
+            name = str(self.loop.snapshots.node / f"in-memory-step-{found.step}")
+            self.io.memory = (name, found.state)
+            return name
+        return str(found.path / CHECKPOINT_FILE) if found is not None else None

@@ -35,22 +35,18 @@ directly (standalone scripts).
 from __future__ import annotations
 
 import base64
-import json
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from clusterctl import envnames, rundir
+from clusterctl import envnames
 from clusterctl.runtime import heartbeat as heartbeats
 from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
+from clusterctl.trainer import runrecord
 from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
-
-SNAPSHOT_TIMEOUT_S = 300  # a peer that neither sends nor takes its replica for this long fails the snapshot, not training
 
 
 def rng_state() -> dict[str, str]:
@@ -131,23 +127,12 @@ class Contract:
 
     def _snapshots(self) -> Any:
         """In-memory snapshots when checkpoint.memory_interval asks for them (checkpoint/snapshots.py); collective."""
-        if not self.settings.memory_interval:
-            return None
-        from datetime import timedelta
+        from clusterctl.checkpoint.snapshots import open_snapshots
 
-        from clusterctl.checkpoint import snapshots
-
-        group = None
-        if dist.is_initialized() and self.world > 1:  # replicas and restores travel off the training's group
-            group = dist.new_group(backend="gloo", timeout=timedelta(seconds=SNAPSHOT_TIMEOUT_S))
-        node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-        found = snapshots.Snapshots(
-            snapshots.node_dir(snapshots.default_root(), self.settings.run_id or "standalone", node),
-            rank=self.rank, world=self.world, interval=self.settings.memory_interval,
-            tag=snapshots.world_tag(self.world, self.settings.layout),
-            gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), group=group,
-        )
-        self.optimizer.register_step_pre_hook(lambda *_: found.staging.before_update())  # a GPU copy in flight
+        found = open_snapshots(self.settings.memory_interval, run_id=self.settings.run_id, layout=self.settings.layout,
+                               rank=self.rank, world=self.world)
+        if found is not None:
+            self.optimizer.register_step_pre_hook(lambda *_: found.staging.before_update())  # a GPU copy in flight
         return found
 
     # --- state --------------------------------------------------------------------
@@ -223,35 +208,8 @@ class Contract:
         """The facts resume() knows: the generation (or memory snapshot) and data position resumed from, optimizer, model, seeds."""
         if self.rank != 0 or not os.environ.get(envnames.ATTEMPT_DIR):
             return
-        from clusterctl.checkpoint.manifest import FORMAT
-
-        recovery: dict[str, Any] = {"schema_version": FORMAT, "checkpoint_dir": str(self.directory)}
-        data: dict[str, Any] = {}
-        if memory is not None:
-            peers = ", ".join(f"rank {r} from rank {q}'s node" for r, q in sorted(memory.served.items()))
-            recovery.update(resumed=True, start_step=memory.step + 1,
-                            how=f"resumed from the in-memory snapshot of step {memory.step}" + (f" ({peers})" if peers else ""),
-                            resumed_from={"step": memory.step, "memory": True, "path": str(self.snapshots.node),
-                                          "from_peers": {str(r): q for r, q in memory.served.items()}})
-            data["resumed_position"] = {"step": memory.step}
-        elif generation is None:
-            recovery.update(resumed=False, resumed_from=None, start_step=0,
-                            how=f"from scratch: no committed generation in {self.directory}")
-            data["resumed_position"] = None
-        else:
-            found = generation.manifest
-            recovery.update(
-                resumed=True,
-                start_step=generation.step + 1,
-                how=f"resumed from step {generation.step}",
-                resumed_from={
-                    "step": generation.step,
-                    "path": str(generation.path),
-                    **{k: found.get(k) for k in ("format", "created", "world_size", "layout", "spec_hash", "torch", "mode")},
-                    "resharded": found.get("world_size") != self.world,
-                },
-            )
-            data["resumed_position"] = {"epoch": found.get("epoch"), "data_position": found.get("data_position")}
+        recovery, data = runrecord.resumed(self.directory, self.world, generation=generation, memory=memory,
+                                           memory_path=self.snapshots.node if memory is not None else None)
         if self.sampler is not None:
             state = self.sampler.state_dict() if hasattr(self.sampler, "state_dict") else None
             data["sampler"] = {"type": type(self.sampler).__name__, "seed": getattr(self.sampler, "seed", None), "state": state}
@@ -266,25 +224,7 @@ class Contract:
         self._record({"recovery": recovery, "data": data, "training": training}, replace=False)
 
     def _record(self, groups: dict[str, dict[str, Any]], *, replace: bool) -> None:
-        """Merge facts into attempt-N/record.json (rank 0 only); a failed write warns, never stops training."""
-        attempt_dir = os.environ.get(envnames.ATTEMPT_DIR)
-        if self.rank != 0 or not attempt_dir:
-            return
-        path = Path(attempt_dir) / rundir.RECORD
-        try:
-            record = rundir.read_json(path) or {}
-            for group, facts in groups.items():
-                facts = json.loads(json.dumps(facts, default=str))
-                merged = record.setdefault(group, {})
-                for key, value in facts.items():
-                    if replace or key not in merged:
-                        merged[key] = value
-            record["attempt"] = attempt()
-            record["written_by"] = "rank 0 (clusterctl.trainer.Contract)"
-            record["time"] = round(time.time(), 3)
-            rundir.write_json_atomic(path, record)
-        except (OSError, TypeError, ValueError) as exc:
-            print(f"clusterctl: warning: could not write the run record {path}: {exc}", file=sys.stderr, flush=True)
+        runrecord.write(groups, rank=self.rank, replace=replace, writer="clusterctl.trainer.Contract")
 
     def save(self, step: int, *, asynchronous: bool | None = None) -> None:
         """A collective save of everything needed to continue after `step`."""
