@@ -9,8 +9,9 @@ why. The end-to-end tests run the reference trainer with
 `checkpoint.memory_interval: 1`: a killed rank's restart is forked warm and
 resumes from the newest step every rank holds in memory, with the losses of
 a run that was never interrupted, bitwise (FSDP2 on the local backend, DDP
-on the Slurm test cluster); a lost node's ranks resume on the spare from the
-replicas their peers hold; a server that dies while importing leaves a job
+on the Slurm test cluster); a lost node's, a hung rank's (the cluster) and a
+straggler's (local) ranks resume on the spare from the replicas their peers
+hold; a server that dies while importing leaves a job
 that runs cold with the reason in every rank's record.
 """
 
@@ -230,17 +231,17 @@ def test_a_lost_nodes_ranks_resume_on_the_spare_from_the_replicas_their_peers_ho
     wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == 29, run=run)
 
 
-def test_a_hung_rank_is_replaced_by_the_spare_which_resumes_from_its_peers_replica(backend: str, tmp_path: Path) -> None:
-    """A hang verdict (82) excludes the culprit's node: its ranks restart warm on the spare, from a peer's memory."""
-    if backend == "local":
-        pytest.skip("a replaced node's ranks restore from peers the same way on both: the local case is the lost node's")
-    done = submit(backend, tmp_path, "warm-hang", steps=400, spares=1, watchdog={"hang_timeout": "10s"},
+def test_a_hung_or_slow_rank_is_replaced_by_the_spare_which_resumes_from_its_peers_replica(backend: str, tmp_path: Path) -> None:
+    """A hang (82, on the test cluster) or a straggler (83, on the local backend) excludes the culprit's node:
+    its ranks restart warm on the spare, from a peer's memory."""
+    fault, how, code = ("hang", "1", 82) if backend == "slurm" else ("slow", "1:2", 83)
+    done = submit(backend, tmp_path, f"warm-{fault}", steps=400, spares=1, watchdog={"hang_timeout": "10s"},
                   checkpoint={"interval": 100, "memory_interval": 1})
     run = done.run
     wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
     hosts = (run.attempt(1) / rundir.HOSTS).read_text().split()
-    report = drill(run, "--hang", "1")
-    assert report["culprit_right"], report
+    report = drill(run, f"--{fault}", how)
+    assert report["culprit_right"] and report["code"] == code, report
     resumed = first_step(run, 2)
     now = (run.attempt(2) / rundir.HOSTS).read_text().split()
     assert hosts[1] not in now and len(now) == len(hosts), now

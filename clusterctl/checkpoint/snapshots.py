@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from clusterctl.checkpoint.names import SNAPSHOTS_KEPT, STEP_DIGITS
 
@@ -96,6 +97,8 @@ def open_snapshots(interval: int, *, run_id: str, layout: Any, rank: int, world:
 
     Collective when the process group is up: replicas and restores travel on
     a gloo group of their own, off the training's (and off its GPU streams).
+    Every optimizer's step waits, on the GPU, for a copy still in flight
+    (torch's global optimizer pre-hook: the Contract's, a framework's).
     """
     if not interval:
         return None
@@ -103,8 +106,10 @@ def open_snapshots(interval: int, *, run_id: str, layout: Any, rank: int, world:
     if dist.is_initialized() and world > 1:
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
-    return Snapshots(node_dir(default_root(), run_id or "standalone", node), rank=rank, world=world, interval=interval,
-                     tag=world_tag(world, layout), gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), group=group)
+    found = Snapshots(node_dir(default_root(), run_id or "standalone", node), rank=rank, world=world, interval=interval,
+                      tag=world_tag(world, layout), gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), group=group)
+    register_optimizer_step_pre_hook(lambda *_: found.staging.before_update())
+    return found
 
 
 class Staging:

@@ -127,10 +127,9 @@ class FrameworkLoop:
         Collective (every rank calls it each step). The state is copied now and
         written in the background, to this node's and a peer node's host memory.
         """
-        if self.settings.memory_interval and (step + 1) % self.settings.memory_interval == 0:
-            snapshots = self._open_snapshots()
-            if snapshots is not None:
-                snapshots.take(step, state(), {})
+        snapshots = self._open_snapshots()
+        if snapshots is not None and snapshots.due(step):
+            snapshots.take(step, state(), {})
 
     def logged(self, values: dict[str, Any]) -> None:
         """Values the framework logged for the step that just ended."""

@@ -29,6 +29,7 @@
         logs/                  per-node logs (node-<slot>.log; attempt.json maps slots to hosts), lines prefixed
                                by rank; aggregators-srun.log: srun's own lines about the aggregators' step
       checkpoints/
+      busy-rate.json           the reference trainer's busy-compute rate (--step-compute-s), measured once per run
       submitit/                a function submitted through the submitit executor: submitted.pkl (its
                                checkpoint after a pre-timeout stop), rank-<R>.result.pkl (value or traceback)
 """
@@ -80,6 +81,7 @@ AGGREGATOR_LOG = "aggregator-{slot}.log"  # attempt-N/logs/: one node's aggregat
 AGGREGATOR_SRUN_LOG = "aggregators-srun.log"  # attempt-N/logs/: srun's own lines about the aggregators' step, off the batch log
 DRILL = "drill.json"  # attempt-N/: a fault `clusterctl drill` injected (its culprits are suspects marked as drills)
 TRAINER_SUMMARY = "trainer-summary.json"  # attempt-N/: the reference trainer's closing figures
+BUSY_RATE = "busy-rate.json"  # the reference trainer's calibrated busy compute (--step-compute-s), reused by its restarts
 
 
 def new_run_id(name: str, now: float | None = None) -> str:

@@ -129,11 +129,8 @@ class Contract:
         """In-memory snapshots when checkpoint.memory_interval asks for them (checkpoint/snapshots.py); collective."""
         from clusterctl.checkpoint.snapshots import open_snapshots
 
-        found = open_snapshots(self.settings.memory_interval, run_id=self.settings.run_id, layout=self.settings.layout,
-                               rank=self.rank, world=self.world)
-        if found is not None:
-            self.optimizer.register_step_pre_hook(lambda *_: found.staging.before_update())  # a GPU copy in flight
-        return found
+        return open_snapshots(self.settings.memory_interval, run_id=self.settings.run_id, layout=self.settings.layout,
+                              rank=self.rank, world=self.world)
 
     # --- state --------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
