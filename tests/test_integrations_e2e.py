@@ -93,7 +93,10 @@ def test_a_framework_script_stops_in_time_resumes_after_a_kill_and_finishes(
         (tmp_path / "whole.yaml").write_text(json.dumps(spec))
         whole = submit_job(load_job(tmp_path / "whole.yaml"), backend).run
         wait_for("the uninterrupted run", lambda: run_stopped(whole), timeout=240, run=whole)
-        assert logged_losses(run, 3) == logged_losses(whole, 1)  # from a committed folder, then from memory: the same
+        # From a committed folder, then from memory: the same losses. The killed attempt's last step may have no
+        # logged loss (killed between the step and the Trainer's log) and, resumed after from its snapshot, none at all.
+        interrupted, uninterrupted = logged_losses(run, 3), logged_losses(whole, 1)
+        assert interrupted == {s: uninterrupted[s] for s in interrupted} and len(uninterrupted) - len(interrupted) <= 1
 
 
 def logged_losses(run: RunDir, attempts: int) -> dict[int, float]:
