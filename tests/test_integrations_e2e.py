@@ -124,6 +124,10 @@ def kill_and_resume(run: RunDir, attempt: int, last: int) -> None:
     assert killed["how"] == history.NEXT_ALLOCATION and killed["exit"] == ExitCode.SCRIPT_FAILED, story(run)
     reached = json.loads((run.attempt(attempt) / rundir.METRICS).read_text().splitlines()[-1])["step"]
     resumed = first_step(run, attempt + 1)
-    assert reached - (resumed - 1) <= 1 and resumed > killed["committed_step"] + 1, story(run)  # not the durable one
-    assert resumed_how(run, attempt + 1) == f"resumed from the in-memory snapshot of step {resumed - 1}", story(run)
+    assert reached - (resumed - 1) <= 1, story(run)  # at most the step in flight computed again
+    # From memory; the committed checkpoint only when the kill came right after its step, before that step's snapshot
+    # was whole (a snapshot as new as the committed step wins).
+    how = resumed_how(run, attempt + 1)
+    assert how == f"resumed from the in-memory snapshot of step {resumed - 1}" or (
+        resumed - 1 == killed["committed_step"] and how == f"resumed from step {resumed - 1}"), story(run)
     assert end["how"] == history.NEXT_STOP and end["exit"] == 0, story(run)
