@@ -20,6 +20,11 @@ What the callback does:
   there (fsync, manifest, rename); `checkpoint.keep` decides what is kept.
   Step N-1 because clusterctl counts steps from 0 and the Trainer's
   `global_step` counts steps done.
+* with `checkpoint.memory_interval`, the model, optimizer, scheduler,
+  trainer state and RNG state kept in host memory after every such step
+  (integrations/framework.py); `resume_from()` prefers the newest step every
+  rank holds when it is newer than the newest committed checkpoint, laid out
+  as the Trainer's own checkpoint folder on the rank's node.
 `output_dir` must be on storage every rank writes to (each writes its RNG
 state there), as the checkpoint directory is.
 """
