@@ -61,7 +61,7 @@ def test_a_framework_script_stops_in_time_resumes_after_a_kill_and_finishes(
     spec = {
         "name": f"fw-{framework}", "site": BACKEND_SITES[backend], "time_limit": "20m", "nodes": 2, "gpus_per_node": 1,
         "runs_root": str(tmp_path / "runs"), "checkpoint": {"interval": INTERVAL, "keep": 2, "memory_interval": 1},
-        "command": ["python3", str(EXAMPLES / script)], "env": {"STEPS": str(STEPS), "STEP_S": "0.03"},
+        "command": ["python3", str(EXAMPLES / script)], "env": {"STEPS": str(STEPS), "STEP_S": "0.05"},
     }
     (tmp_path / "job.yaml").write_text(json.dumps(spec))
     done = submit_job(load_job(tmp_path / "job.yaml"), backend)
@@ -117,7 +117,7 @@ def resumed_how(run: RunDir, attempt: int) -> str:
 
 def kill_and_resume(run: RunDir, attempt: int, last: int) -> None:
     """A killed rank in attempt `attempt`: a restart in the same job, from the in-memory snapshot of the newest step."""
-    past_step(run, attempt, last + INTERVAL + 2)
+    past_step(run, attempt, last + 3)  # snapshots newer than the committed step; steps left for the drill to land in
     assert drill(run, "--kill", "1")["code"] == ExitCode.SCRIPT_FAILED
     end = wait_for("the run to finish", lambda: run_stopped(run), timeout=240, run=run)
     killed = nexts(run)[attempt - 1]

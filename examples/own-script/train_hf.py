@@ -7,6 +7,7 @@ saves and exits 85 so that the run continues in a new job. A tiny GPT-2
 built from a config, on random tokens: nothing is downloaded.
 
     STEPS=200        how many optimizer steps
+    STEP_S=0         extra time each step takes, in seconds
 """
 
 import os
@@ -14,7 +15,7 @@ import time
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
 
 from clusterctl.integrations.hf import ClusterctlCallback  # clusterctl
 
@@ -40,7 +41,14 @@ def main() -> None:
         use_cpu=not gpu, ddp_backend=None if gpu else "gloo", ddp_find_unused_parameters=False,
     )
     cc = ClusterctlCallback()  # clusterctl: checkpoint dir, interval and keep from the job spec
-    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4096, 32, 64), callbacks=[cc])  # clusterctl
+    step_s = float(os.environ.get("STEP_S", "0"))
+
+    def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        time.sleep(step_s)  # stands in for a real model's compute
+        return default_data_collator(samples)
+
+    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4096, 32, 64), data_collator=collate,
+                      callbacks=[cc])  # clusterctl
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=cc.resume_from())  # clusterctl: the newest committed checkpoint
     if trainer.is_world_process_zero():
