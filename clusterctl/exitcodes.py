@@ -28,6 +28,8 @@ class ExitCode(IntEnum):
     PRE_TIMEOUT = 85
     NODE_LOST = 86
     BUDGET_EXHAUSTED = 87
+    SCRIPT_ERROR = 88  # the script's own error (the same on every rank, or before its first step): no node blamed
+    CANCELLED = 89  # stopped from outside on purpose (scancel, clusterctl cancel): nobody's fault
     DO_NOT_REQUEUE = 93
 
 
@@ -63,6 +65,15 @@ DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
     ),
     ExitCode.NODE_LOST: ("node lost", "restarts without the lost node; counted"),
     ExitCode.BUDGET_EXHAUSTED: ("restart budget exhausted or no progress", "the run stops"),
+    ExitCode.SCRIPT_ERROR: (
+        "the script's own error: the same exception on every rank (or on ranks of every node), or a Python error"
+        " before the first step (syntax, import, a missing file, argparse); the verdict quotes it",
+        "the run stops at once; no node is blamed and no restart is spent on an error that would repeat",
+    ),
+    ExitCode.CANCELLED: (
+        "cancelled: scancel, clusterctl cancel or an admin stopped the job; nobody is blamed",
+        "the run stops (clusterctl requeue continues it)",
+    ),
     ExitCode.DO_NOT_REQUEUE: ('reserved: nvidia-resiliency-ext "do not requeue"', "the run stops"),
 }
 

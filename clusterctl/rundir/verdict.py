@@ -10,7 +10,10 @@ did), with evidence. Keys (kept; keys may be added, never renamed):
     code       the exit code the verdict stands for (exitcodes.ExitCode)
     verdict    the code's name in lower case (rendezvous_failed, hang, straggler, ...)
     message    one line for people
-    culprits   [{rank, host, reason, gpu?, ...}], primary first
+    fault      whose fault the evidence says it is (FAULTS): script, node, ambiguous, infrastructure; ""
+               for an attempt that did not fail, and in files written before the key existed
+    culprits   [{rank, host, reason, gpu?, evidence?, ...}], primary first; evidence: what points at
+               the rank (a word of EVIDENCE)
     victims    [{rank, host, reason}]
     evidence   what the verdict was decided from (stacks, samples, srun's lines, ...)
     time       when it was given (seconds since the epoch)
@@ -34,6 +37,25 @@ from clusterctl.rundir.layout import VERDICT
 FORMAT = 2  # 1: the files written before the format was recorded
 
 
+# Whose fault a failed attempt is (docs/guide/verdicts.md, "Who is at fault"), as the evidence says:
+FAULT_SCRIPT = "script"  # the same error on every rank (or ranks of every node), or a Python error before the first step
+FAULT_NODE = "node"  # evidence that points at a node: lost, a stopped or slow process, preflight, hardware, a signal from outside
+FAULT_AMBIGUOUS = "ambiguous"  # one rank's exception, a hang with no stopped process: nobody yet
+FAULT_INFRASTRUCTURE = "infrastructure"  # the same file-system or store error on every node: shared, nobody's node
+FAULTS = (FAULT_SCRIPT, FAULT_NODE, FAULT_AMBIGUOUS, FAULT_INFRASTRUCTURE)
+# What points at a culprit (its entry's "evidence"; `clusterctl suspects` shows it for each node blamed).
+EVIDENCE = {
+    "lost": "its node vanished: aggregator and ranks at once",
+    "stopped": "its process stopped, or its liveness beat did",
+    "slow": "its compute time stayed above its peers'",
+    "preflight": "a check of its node failed",
+    "hardware": "a hardware or fabric error (ECC, Xid, NVLink, NIC)",
+    "signal": "killed by a signal from outside the script",
+    "repeated": "the same failure followed its node to another attempt while other nodes stayed healthy",
+    "exception": "its own error (the script's, or ambiguous)",
+    "stalled": "no progress while alive: outside the collective its peers wait in, or behind them",
+}
+
 # The keys as_dict writes besides the fields (the records reference lists them from here).
 ADDED_KEYS = {"format": "the file's layout version", "verdict": "the code's name in lower case (hang, straggler, ...), or the number"}
 
@@ -47,6 +69,7 @@ class Verdict:
     evidence: dict[str, Any] = field(default_factory=dict)  # what the finding rests on: timeouts, phases, stacks, srun lines
     victims: list[dict[str, Any]] = field(default_factory=list)  # ranks that failed because a culprit did
     time: float = field(default_factory=time.time)  # when the verdict was given
+    fault: str = ""  # FAULTS: whose fault the evidence says it is ("" when the attempt did not fail)
 
     @property
     def name(self) -> str:
@@ -60,6 +83,7 @@ class Verdict:
             "code": self.code,
             "verdict": self.name,
             "message": self.message,
+            "fault": self.fault,
             "culprits": self.culprits,
             "victims": self.victims,
             "evidence": self.evidence,
@@ -79,6 +103,7 @@ class Verdict:
             evidence=data.get("evidence") if isinstance(data.get("evidence"), dict) else {},
             victims=[v for v in data.get("victims") or [] if isinstance(v, dict)],
             time=float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0,
+            fault=data["fault"] if data.get("fault") in FAULTS else "",
         )
 
     def culprit_hosts(self) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir.verdict import Verdict
+from clusterctl.rundir.verdict import FAULT_NODE, Verdict
 from clusterctl.runtime.greeting import registered_here
 from clusterctl.runtime.registration import VERSION_KEYS
 from clusterctl.syntax.cpulist import format_cpulist
@@ -63,7 +63,8 @@ def judge(
         for check in rec.get("preflight", []):
             if not check.get("ok", True):
                 preflight[rec.get("host", host_of(rank))].append(f"rank {rank} {check['name']}: {check['detail']}")
-                culprits.append({"rank": rank, "host": rec.get("host"), "reason": f"preflight {check['name']}"})
+                culprits.append({"rank": rank, "host": rec.get("host"), "reason": f"preflight {check['name']}",
+                                 "evidence": "preflight"})
     if preflight:
         lines = [f"{host}: {'; '.join(items)}" for host, items in sorted(preflight.items())]
         return Verdict(
@@ -72,6 +73,7 @@ def judge(
             f"preflight failed on {len(preflight)} node(s): " + " | ".join(lines),
             culprits,
             {"nodes": sorted(preflight)},
+            fault=FAULT_NODE,
         )
 
     split = nvlink_split(records, nvlink_groups, host_of)

@@ -13,8 +13,6 @@ command, so a launch line can be tried by hand.
 
 from __future__ import annotations
 
-import gc
-import io
 import os
 import platform
 import runpy
@@ -25,86 +23,38 @@ from typing import Any
 
 from clusterctl import envnames
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime import greeting, heartbeat, stacks, stepwatch
+from clusterctl.runtime import greeting, heartbeat, procexit, stacks, stepwatch
 from clusterctl.runtime.preflight import POST_RENDEZVOUS, marker_path
 from clusterctl.syntax.cpulist import format_cpulist, parse_cpulist
 
 PYTHONS = ("python", "python3", os.path.basename(sys.executable))
-BUFFERED_FILES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)  # what holds written bytes until a flush
-SETTLE_S = 0.1  # after the script: torch's threads get the GIL for what they still release (settle_torch_threads)
 
 
 def run_command(argv: list[str]) -> None:
-    """Run argv in this process when it is Python, else exec it."""
+    """Run argv in this process when it is Python, else exec it.
+
+    The script's namespace is kept until the process ends (runtime/procexit.py):
+    freeing it here would destroy the script's torch objects while the
+    interpreter runs, which deadlocks a DDP model's gloo group."""
     if not argv:
         raise SystemExit("clusterctl.launch: no command given (usage: python -m clusterctl.launch -- CMD ...)")
     if os.path.basename(argv[0]) in PYTHONS and len(argv) > 1:
         args = argv[1:]
         if args[0] == "-m" and len(args) > 1:
             sys.argv = [args[1], *args[2:]]
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            procexit.keep(runpy.run_module(args[1], run_name="__main__", alter_sys=True))
             return
         if args[0] == "-c" and len(args) > 1:  # the same interpreter as a script gets, and watched the same way
             sys.argv = ["-c", *args[2:]]
-            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+            namespace = procexit.keep({"__name__": "__main__", "__builtins__": __builtins__})
+            exec(compile(args[1], "<string>", "exec"), namespace)  # noqa: S102
             return
         if not args[0].startswith("-"):
             sys.argv = list(args)
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
-            runpy.run_path(args[0], run_name="__main__")
+            procexit.keep(runpy.run_path(args[0], run_name="__main__"))
             return
     os.execvp(argv[0], argv)
-
-
-def settle_torch_threads() -> None:
-    """Hand the GIL to torch's own threads for a moment before the interpreter shuts down.
-
-    A gloo worker thread destroys each finished collective's work after the
-    training thread has moved on, and the work holds the thread-local state
-    it captured, Python objects included: releasing them takes the GIL.
-    Once the interpreter is shutting down, a thread that asks for the GIL is
-    ended by the interpreter, which C++ cannot unwind through: the rank
-    aborts ("terminate called without an active exception", exit 134) after
-    its training finished, and the attempt would be judged a failure. Seen
-    with a plain DDP loop and no clusterctl code in it, once a starved CPU
-    let the script end first (bench/exit_race.py: 6 aborts in 20 processes
-    with the GIL never handed over; none with this pause). A sleep releases
-    the GIL at once, so the threads waiting for it finish first.
-    """
-    if "torch" in sys.modules:
-        time.sleep(SETTLE_S)
-
-
-def leave_nothing_behind() -> None:
-    """Flush the files the script left open, collect its garbage, then freeze what is left for shutdown.
-
-    The script ran under runpy, in a module that is not kept once it
-    returns: its globals become cyclic garbage (its functions refer to
-    them), and CPython loses the buffered tail of a file freed in a cycle
-    (the buffer can be closed before the text layer flushes into it).
-    Measured: a script that never closed its log kept 0 of its 10 lines run
-    this way, all 10 under plain `python`. So every writable file still open
-    is flushed first, while the interpreter is whole.
-
-    Then the freeze: shutdown's collections walk every object again, and
-    torch, DCP and a trainer leave about a million: 0.80 s of exit per rank,
-    paid by every rank of every attempt (0.35-0.40 s with this, the flush
-    and the collection included).
-    """
-    buffered: dict[type, bool] = {}  # by type, never by isinstance: an object's own __class__ may warn or raise
-    for obj in gc.get_objects():
-        kind = type(obj)
-        is_file = buffered.get(kind)
-        if is_file is None:
-            is_file = buffered[kind] = issubclass(kind, BUFFERED_FILES)
-        if is_file:
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except Exception:  # noqa: BLE001, S110 - a file that cannot flush now (a closed pipe) would not at exit either
-                pass
-    gc.collect()
-    gc.freeze()
 
 
 def bind_cpus_if_unbound() -> None:
@@ -234,23 +184,27 @@ def managed(argv: list[str]) -> int:
         run_command(argv)
     except SystemExit as exc:
         if exc.code in (None, 0):
+            rendezvous.report_returned(store, info.rank, 0)
             return 0
         if exc.code == ExitCode.PRE_TIMEOUT:
+            rendezvous.report_returned(store, info.rank, int(ExitCode.PRE_TIMEOUT))
             return int(ExitCode.PRE_TIMEOUT)  # saved and committed on request: not a failure
         rendezvous.report_error(store, info.rank, f"SystemExit({exc.code!r})")
+        rendezvous.await_peer_reports(store, info.world_size)
         raise
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
         rendezvous.report_error(store, info.rank, text)
+        rendezvous.await_peer_reports(store, info.world_size)
         return 1
+    else:
+        rendezvous.report_returned(store, info.rank, 0)
     finally:
         watch = stepwatch.current()
         if watch is not None:
             watch.close()
         heartbeat.shared(info.rank, info.attempt).close()
-        settle_torch_threads()
-        leave_nothing_behind()
     return 0
 
 
@@ -260,17 +214,18 @@ def watched(info: Any, *, cuda: bool) -> None:
     if cuda:
         stacks.arm_flight_recorder(info.attempt_dir)
     heartbeat.shared(info.rank, info.attempt)
+    procexit.keep_destroyed_groups()
     stepwatch.install(info.rank, info.world_size, info.attempt, str(info.attempt_dir), info.run.watchdog.steps)
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the command (managed inside an attempt) and end the process as runtime/procexit.py does: never returns."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--":
         args = args[1:]
     if not os.environ.get(envnames.ATTEMPT_DIR):
-        run_command(args)
-        return
-    sys.exit(managed(args))
+        procexit.end_like(lambda: run_command(args))
+    procexit.end_like(lambda: managed(args))
 
 
 if __name__ == "__main__":

@@ -125,7 +125,8 @@ def judge_compute(times: dict[int, float], factor: float, hosts: list[str], gpus
     """Ranks slower than factor x the median of all ranks."""
     median = statistics.median(times.values())
     slow = sorted(r for r, t in times.items() if t > factor * median)
-    culprits = [{"rank": r, "host": hosts[r // gpus_per_node], "reason": f"compute {times[r] / median:.2f}x the median"} for r in slow]
+    culprits = [{"rank": r, "host": hosts[r // gpus_per_node], "reason": f"compute {times[r] / median:.2f}x the median",
+                 "evidence": "slow"} for r in slow]
     return {"median_s": median, "factor": factor, "slow": culprits}
 
 

@@ -1,5 +1,6 @@
 """Processes as the kernel reports them: a state from /proc (the aggregator's view of its ranks, the fault
-injector), the children that have ended (the warm process server, the local backend's supervisor)."""
+injector), how another's process ended (the warm client, of its forked rank), the children that have ended
+(the warm process server, the local backend's supervisor)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,23 @@ def process_state(pid: int) -> str:
     except OSError:
         return ""
     return text[text.rfind(")") + 2 :].split(" ", 1)[0]
+
+
+def zombie_status(pid: int) -> int | None:
+    """The wait status of a process that has ended and not yet been reaped (/proc/PID/stat's exit_code
+    field, Linux 3.5+): how a process other than our child ended. None while it runs, or once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    try:
+        return int(fields[49])  # field 52 of stat(5); fields here start at field 3
+    except ValueError:
+        return None
 
 
 def exited_children() -> Iterator[tuple[int, int]]:

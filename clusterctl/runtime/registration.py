@@ -19,6 +19,17 @@ DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim," by every claimant a
 ERRORED = PREFIX + "errored"  # appended "rank," by every rank that wrote error_key(rank)
 POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks
 STOP = PREFIX + "stop"  # set by the controller when the batch shell asks the ranks to save and stop
+RETURNED = PREFIX + "returned"  # appended "rank:code," by every rank whose command returned (0, or 85 on request)
+
+
+def parse_returned(raw: bytes) -> dict[int, int]:
+    """RETURNED's "rank:code," items as rank -> code (a torn or foreign item is skipped)."""
+    found: dict[int, int] = {}
+    for item in parse_list(raw):
+        rank, _, code = item.partition(":")
+        if rank.isdigit() and code.isdigit():
+            found[int(rank)] = int(code)
+    return found
 
 
 def parse_list(raw: bytes) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -28,6 +29,9 @@ from urllib.parse import parse_qs, urlparse
 from clusterctl.runtime import registration
 from clusterctl.runtime.rankinfo import RankInfo
 
+RETURNED_TIMEOUT_S = 5.0  # a rank whose command returned waits no longer than this to say so
+REPORT_SETTLE_S = 1.0  # a rank whose command failed waits at most this long for its peers' reports
+REPORT_POLL_S = 0.05
 CURRENT_STORE: Any = None
 """The rank's client of the controller's store, once registered (None outside a managed attempt)."""
 
@@ -84,6 +88,42 @@ def report_error(store: Any, rank: int, text: str) -> None:
         store.append(registration.ERRORED, f"{rank},")
     except Exception:  # noqa: BLE001 - reporting must never mask the original error
         traceback.print_exc()
+
+
+def await_peer_reports(store: Any, world_size: int, wait_s: float = REPORT_SETTLE_S) -> None:
+    """After reporting its own error, give the peers a moment to report theirs before this rank exits.
+
+    srun stops every rank once one fails (--kill-on-bad-exit): a bug that
+    fails on every rank would otherwise be reported by the fastest rank
+    alone, and one rank's error is ambiguous where every rank's is the
+    script's (runtime/blame.py). Returns as soon as every rank reported an
+    error or a return, else after `wait_s` (peers blocked in a collective
+    with the failed rank report nothing). Best effort: the store may be gone.
+    """
+    deadline = time.monotonic() + wait_s
+    try:
+        while time.monotonic() < deadline:
+            said = registration.parse_list(store.get(registration.ERRORED)) if store.check([registration.ERRORED]) else []
+            done = registration.parse_returned(store.get(registration.RETURNED)) if store.check([registration.RETURNED]) else {}
+            if len(set(said) | {str(r) for r in done}) >= world_size:
+                return
+            time.sleep(REPORT_POLL_S)
+    except Exception:  # noqa: BLE001 - the controller judges from what reached it
+        return
+
+
+def report_returned(store: Any, rank: int, code: int) -> None:
+    """Tell the controller this rank's command returned (0, or 85 after a requested save): its work is done,
+    whatever ending the process does afterwards. Best effort, briefly: the store may be gone."""
+    try:
+        previous = store.timeout
+        store.set_timeout(timedelta(seconds=RETURNED_TIMEOUT_S))
+        try:
+            store.append(registration.RETURNED, f"{rank}:{code},")
+        finally:
+            store.set_timeout(previous)
+    except Exception:  # noqa: BLE001 - the controller then judges from srun's lines alone
+        pass
 
 
 def share_with_process_group(store: Any, rank: int, world_size: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.verdict import Verdict
-from clusterctl.runtime.blame import blame_end, node_failures, parse_srun_lines
+from clusterctl.runtime.blame import OOM, blame_end, node_failures, parse_srun_lines
 from clusterctl.runtime.verdicts import VerdictKeeper
 from clusterctl.runtime.watchdog import Watchdog
 from clusterctl.runtime.watchserver import WatchServer
@@ -58,8 +58,11 @@ class Response:
         except OSError:
             return False
 
-    def end_verdict(self, errors: dict[int, str], gpus: dict[int, Any]) -> Verdict | None:
-        """Culprits apart from victims, once every rank is done; None when no rank failed."""
+    def end_verdict(self, errors: dict[int, str], gpus: dict[int, Any], returned: dict[int, int] | None = None) -> Verdict | None:
+        """Culprits apart from victims, once every rank is done; None when no rank failed.
+
+        `returned`: rank -> its command's code, for the ranks that said their command returned (a rank that
+        did is done, whatever srun says of its process afterwards)."""
         try:
             lines = (self.attempt_dir / rundir.SRUN_LOG).read_text(errors="replace").splitlines()
         except OSError:
@@ -70,4 +73,7 @@ class Response:
         self.server.wait_until(self.watchdog.accounted, SETTLE_S)
         with self.server.lock:
             facts = self.watchdog.facts(gpus, errors, ends, node_failures(lines))
+            facts.steps = {r.rank: r.steps_done for r in self.watchdog.ranks}
+        facts.returned = dict(returned or {})
+        facts.oom = any(OOM.search(line) for line in lines)
         return blame_end(facts)

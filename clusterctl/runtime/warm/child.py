@@ -5,25 +5,23 @@ with the rank's environment, working directory, standard streams, CPU and
 memory binding. The child was forked from a server that has none of those:
 it takes each from the request (its streams arrive as descriptors), leaves
 the server's session and signal handlers behind, dies with the server
-(PR_SET_PDEATHSIG) and, once the command ends, exits as the interpreter
-would (non-daemon threads joined, atexit handlers run, streams flushed)
-without ever returning into the server's loop.
+(PR_SET_PDEATHSIG) and, once the command ends, exits as a cold rank does
+(runtime/procexit.py: non-daemon threads joined, atexit handlers run, files
+flushed, no interpreter shutdown) without ever returning into the server's loop.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import io
 import os
 import signal
 import sys
-import threading
-import traceback
 from typing import Any
 
 from clusterctl import envnames
+from clusterctl.runtime import procexit
 
 PR_SET_PDEATHSIG = 1
 MPOL_BIND = 2
@@ -107,33 +105,9 @@ def adopt_binding(request: dict[str, Any]) -> list[str]:
     return problems
 
 
-def exit_like_interpreter(code: int) -> None:
-    """Join non-daemon threads, run atexit handlers, flush, and leave without unwinding into the server."""
-    with contextlib.suppress(Exception):
-        threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter does first at exit
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
-def exit_code(exc: SystemExit) -> int:
-    """As the interpreter maps SystemExit: None is 0, an int itself, anything else printed and 1."""
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code & 0xFF
-    with contextlib.suppress(Exception):
-        print(exc.code, file=sys.stderr)
-    return 1
-
-
 def become(request: dict[str, Any], fds: list[int], started: str) -> None:
     """Run the request's command in this (forked) process; never returns."""
-    code = 1
-    try:
+    def run() -> None:
         os.setsid()  # out of the server's process group: signals reach a rank through its client or its pid
         die_with_parent()
         default_signals()
@@ -146,13 +120,5 @@ def become(request: dict[str, Any], fds: list[int], started: str) -> None:
 
         sys.argv = list(request["argv"])
         run_command(list(request["argv"]))
-        code = 0
-    except SystemExit as exc:
-        code = exit_code(exc)
-    except KeyboardInterrupt:
-        code = 128 + signal.SIGINT
-    except BaseException:  # noqa: BLE001 - printed as the interpreter prints it, then exit 1
-        with contextlib.suppress(Exception):
-            traceback.print_exc()
-        code = 1
-    exit_like_interpreter(code)
+
+    procexit.end_like(run)

@@ -18,12 +18,14 @@ on the path of every rank of every attempt.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sys
 import time
 
 from clusterctl import envnames
+from clusterctl.runtime.procfs import zombie_status
 from clusterctl.runtime.warm import protocol
 from clusterctl.runtime.warm.protocol import node
 
@@ -33,6 +35,7 @@ START_WINDOW_S = 20.0  # after the servers were (re)started: a refused connectio
 IMPORT_WINDOW_S = 300.0  # after the servers were (re)started: they answer once their imports are done
 ANSWER_S = 15.0  # later, a server that does not answer this fast is stopped or stuck: start cold
 RETRY_S = 0.05
+CHILD_END_GRACE_S = 1.0  # the child has ended: its server says how within this, else /proc does
 
 
 def since() -> float:
@@ -119,7 +122,11 @@ def start(argv: list[str]) -> tuple[socket.socket, int] | str:
 
 
 def stand_in(sock: socket.socket, pid: int) -> None:
-    """Forward signals to the child until it ends, then end the same way."""
+    """Forward signals to the child until it ends, then end the same way.
+
+    The server says how the child ended; the child's own end is watched too
+    (a pidfd), so a server that never says (stopped, stuck) cannot keep a
+    finished rank's task alive: its wait status is then read from /proc."""
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -129,17 +136,8 @@ def stand_in(sock: socket.socket, pid: int) -> None:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    while True:
-        try:
-            answer, _ = protocol.receive(sock)
-            break
-        except InterruptedError:
-            continue
-        except (OSError, protocol.ProtocolError):
-            print(f"clusterctl: the warm process server on {node()} ended while its child (pid {pid}) ran",
-                  file=sys.stderr, flush=True)
-            answer = {"killed": signal.SIGKILL}
-            break
+    child = watch_child(pid)
+    answer = wait_for_end(sock, pid, child)
     if "killed" in answer:
         sig = int(answer["killed"])
         for caught in FORWARDED:
@@ -150,6 +148,52 @@ def stand_in(sock: socket.socket, pid: int) -> None:
         time.sleep(1)
     sys.stdout.flush()
     os._exit(int(answer.get("exit", 1)) & 0xFF)
+
+
+def watch_child(pid: int) -> int | None:
+    """A pidfd of the forked child (readable once it has ended), or None where the kernel offers none."""
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+def wait_for_end(sock: socket.socket, pid: int, child: int | None) -> dict:
+    """The server's word on how the child ended; or, once the child has ended and the server stays silent
+    for CHILD_END_GRACE_S, the child's own wait status."""
+    ended_at: float | None = None
+    while True:
+        watched = [sock] if child is None or ended_at is not None else [sock, child]
+        timeout = None if ended_at is None else max(0.0, ended_at + CHILD_END_GRACE_S - time.monotonic())
+        try:
+            ready, _, _ = select.select(watched, [], [], timeout)
+        except InterruptedError:
+            continue
+        if sock in ready:
+            try:
+                return protocol.receive(sock)[0]
+            except InterruptedError:
+                continue
+            except (OSError, protocol.ProtocolError):
+                print(f"clusterctl: the warm process server on {node()} ended while its child (pid {pid}) ran",
+                      file=sys.stderr, flush=True)
+                return {"killed": signal.SIGKILL}
+        if child is not None and child in ready:
+            ended_at = time.monotonic()
+        elif ended_at is not None and time.monotonic() >= ended_at + CHILD_END_GRACE_S:
+            return child_end(pid)
+
+
+def child_end(pid: int) -> dict:
+    """How the child ended, from /proc while it is a zombie its silent server has not reaped."""
+    print(f"clusterctl: the warm process server on {node()} did not report the end of its child (pid {pid})"
+          f" within {CHILD_END_GRACE_S:g} s: ending as the child did", file=sys.stderr, flush=True)
+    status = zombie_status(pid)
+    if status is None:
+        return {"exit": 1}
+    if os.WIFSIGNALED(status):
+        return {"killed": os.WTERMSIG(status)}
+    return {"exit": os.WEXITSTATUS(status)}
 
 
 def run_warm(argv: list[str]) -> str:
