@@ -1,4 +1,4 @@
-"""A plain DDP loop's exit race with gloo's worker thread, with and without the launcher's pause.
+"""A plain DDP loop's exit race with gloo's worker thread, with and without the launcher's way of ending.
 
     .venv/bin/python bench/exit_race.py [--quick] [--pairs N]
 
@@ -10,10 +10,10 @@ over while it runs Python: what a starved CPU does by chance. gloo's worker
 thread destroys each finished work after the training thread moved on, and
 that takes the GIL; asked for during the interpreter's shutdown, the thread
 is ended mid-C++ and the process aborts ("terminate called without an
-active exception"). `settled` ranks call the launcher's
-`settle_torch_threads()` after the loop, as every rank does
-(runtime/launch.py). Last line: `{"processes", "plain_aborts",
-"settled_aborts"}` (processes per mode).
+active exception"). `settled` ranks end with the launcher's
+`procexit.end_process(0)` after the loop, as every rank does
+(runtime/procexit.py: no interpreter shutdown). Last line: `{"processes",
+"plain_aborts", "settled_aborts"}` (processes per mode).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ for _ in range(8):
     optimizer.step()
 dist.destroy_process_group()
 if mode == "settled":
-    from clusterctl.runtime.launch import settle_torch_threads
-    settle_torch_threads()
+    from clusterctl.runtime.procexit import end_process
+    end_process(0)
 """
 
 

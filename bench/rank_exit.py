@@ -9,8 +9,9 @@ log opened and never closed, held by the script's globals):
 
 * `plain`: the process then ends as any Python program does (the
   interpreter's shutdown walks every object again);
-* `launcher`: it first calls `leave_nothing_behind()`, as the launcher does
-  after a rank's script (runtime/launch.py).
+* `launcher`: it ends with `procexit.end_process(0)`, as every rank does
+  after its script (runtime/procexit.py: files flushed, no interpreter
+  shutdown).
 
 The time is from the script's return to the process's end, as the parent
 sees it. Last line: `{"plain_exit_s", "launcher_exit_s", "ratio",
@@ -35,13 +36,14 @@ CHILD = """
 import sys, time
 import torch, torch.distributed, torch.distributed.checkpoint, torch.nn.parallel
 import clusterctl.trainer
-from clusterctl.runtime.launch import leave_nothing_behind, run_command
+from clusterctl.runtime.launch import run_command
+from clusterctl.runtime.procexit import end_process
 mode = sys.argv[1]  # run_command gives sys.argv to the script
 run_command(["python3", "script.py"])
 sys.stdout.write(repr(time.time()) + "\\n")  # the script returned: the clock starts
 sys.stdout.flush()
 if mode == "launcher":
-    leave_nothing_behind()
+    end_process(0)
 """
 
 

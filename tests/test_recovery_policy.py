@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import history
 from clusterctl.rundir.history import Fault
@@ -45,9 +47,17 @@ def test_a_clean_stop_continues_uncounted_and_exits_zero() -> None:
 def test_slurm_requeue_and_cancel_submit_nothing() -> None:
     requeued = decide(Ended(ExitCode.PRE_TIMEOUT, (), 40), situation(slurm_end="requeued"), Policy())
     assert requeued.action == "slurm" and requeued.exit_code == 0
-    for ended in (Ended(ExitCode.PRE_TIMEOUT), Ended(ExitCode.SCRIPT_FAILED, ("n1",))):
-        assert decide(ended, situation(slurm_end="cancelled"), Policy()).action == "stop"
-        assert decide(ended, situation(cancel_by="clusterctl cancel"), Policy()).action == "stop"
+    # A cancel has one code, whatever the stopped ranks (85: they saved), srun (137 made 84) or the controller said.
+    for ended in (Ended(ExitCode.PRE_TIMEOUT), Ended(ExitCode.SCRIPT_FAILED, ("n1",)), Ended(ExitCode.OK),
+                  Ended(ExitCode.RENDEZVOUS_FAILED)):
+        by_slurm = decide(ended, situation(slurm_end="cancelled"), Policy())
+        by_us = decide(ended, situation(cancel_by="clusterctl cancel"), Policy())
+        assert [(d.action, d.record_code, d.exit_code, d.cancelled_by, d.newly_excluded) for d in (by_slurm, by_us)] == [
+            ("stop", ExitCode.CANCELLED, ExitCode.CANCELLED, "scancel", []),
+            ("stop", ExitCode.CANCELLED, ExitCode.CANCELLED, "clusterctl cancel", [])], ended
+    # The controller's cancel verdict stops the run even where Slurm could not be asked.
+    told = decide(Ended(ExitCode.CANCELLED), situation(slurm_end="running"), Policy())
+    assert (told.action, told.record_code, told.cancelled_by) == ("stop", ExitCode.CANCELLED, "scancel")
 
 
 def test_the_budget_counts_faults_and_then_stops_with_87() -> None:
@@ -63,6 +73,55 @@ def test_the_same_fault_twice_without_progress_stops_with_87_and_with_progress_g
     assert stuck.exit_code == ExitCode.BUDGET_EXHAUSTED and "no progress" in stuck.reason
     moved = decide(Ended(ExitCode.HANG, ("n1",), 20), situation(faults=earlier, excluded=("n1",), rank_hosts=("n2", "n3")), Policy())
     assert moved.action != "stop"
+
+
+def test_the_scripts_own_error_stops_at_once_and_blames_no_node() -> None:
+    said = "the script failed the same way on every rank (4): ValueError: bad lr; this is the script's error"
+    d = decide(Ended(ExitCode.SCRIPT_ERROR, ("n1", "n2"), None, said, "script", (0, 1, 2, 3)), situation(), Policy())
+    assert d.action == "stop" and d.exit_code == ExitCode.SCRIPT_ERROR and d.reason == said
+    assert d.newly_excluded == [] and d.exclude == [] and not d.counted
+
+
+def test_an_ambiguous_failure_restarts_in_place_without_excluding_anyone() -> None:
+    d = decide(Ended(ExitCode.SCRIPT_FAILED, ("n2",), 10, "rank 2 raised", "ambiguous", (2,), "IndexError: N"), situation(), Policy())
+    assert d.action == "restart" and d.hosts == ["n1", "n2"] and d.newly_excluded == [] and d.counted
+    hang = decide(Ended(ExitCode.HANG, ("n1",), 10, "rank 0 outside the collective", "ambiguous", (0,)), situation(), Policy())
+    assert hang.action == "restart" and hang.hosts == ["n1", "n2"] and hang.newly_excluded == []
+
+
+def test_the_same_error_on_the_same_rank_again_follows_the_rank_and_is_the_scripts() -> None:
+    earlier = (Fault(ExitCode.SCRIPT_FAILED, ("n2",), 10, "7", "ambiguous", (2,), "IndexError: shard N"),)
+    again = Ended(ExitCode.SCRIPT_FAILED, ("n2",), 10, "rank 2 raised", "ambiguous", (2,), "IndexError: shard N")
+    d = decide(again, situation(faults=earlier), Policy())
+    assert d.action == "stop" and d.exit_code == ExitCode.SCRIPT_ERROR and d.newly_excluded == []
+    assert "follows the rank, not a node" in d.reason and "IndexError: shard N" in d.reason
+
+
+def test_the_same_failure_through_another_rank_of_the_node_follows_the_node() -> None:
+    earlier = (Fault(ExitCode.SCRIPT_FAILED, ("n2",), 10, "7", "ambiguous", (2,), "RuntimeError: bad value N"),)
+    other_rank = Ended(ExitCode.SCRIPT_FAILED, ("n2",), 10, "rank 3 raised", "ambiguous", (3,), "RuntimeError: bad value N")
+    d = decide(other_rank, situation(faults=earlier), Policy())
+    assert d.action == "restart" and d.newly_excluded == ["n2"] and d.hosts == ["n1", "n3"]
+    elsewhere = Ended(ExitCode.SCRIPT_FAILED, ("n1",), 10, "rank 0 raised", "ambiguous", (0,), "RuntimeError: bad value N")
+    assert decide(elsewhere, situation(faults=earlier), Policy()).newly_excluded == []
+
+
+def test_node_evidence_of_a_hang_excludes_at_once_and_a_kill_on_the_second_time() -> None:
+    hang = decide(Ended(ExitCode.HANG, ("n1",), 10, "rank 0 stopped", "node", (0,)), situation(), Policy())
+    assert hang.newly_excluded == ["n1"]
+    kill = Ended(ExitCode.SCRIPT_FAILED, ("n2",), 10, "rank 2 killed", "node", (2,), "signal Killed")
+    assert decide(kill, situation(), Policy()).newly_excluded == []
+    twice = decide(kill, situation(faults=(Fault(ExitCode.SCRIPT_FAILED, ("n2",), 10, "7", "node", (2,)),)), Policy())
+    assert twice.action == "restart" and twice.newly_excluded == ["n2"]
+
+
+def test_shared_infrastructure_gets_one_restart_without_blame_then_stops() -> None:
+    full = Ended(ExitCode.SCRIPT_FAILED, ("n1", "n2"), 10, "No space left on device", "infrastructure", (0, 1, 2, 3))
+    first = decide(full, situation(), Policy())
+    assert first.action == "restart" and first.newly_excluded == []
+    earlier = (Fault(ExitCode.SCRIPT_FAILED, ("n1", "n2"), 10, "7", "infrastructure", (0, 1, 2, 3)),)
+    second = decide(full, situation(faults=earlier), Policy())
+    assert second.action == "stop" and second.exit_code == ExitCode.BUDGET_EXHAUSTED and second.newly_excluded == []
 
 
 def test_rendezvous_failure_restarts_in_the_allocation_once_per_job() -> None:
@@ -112,6 +171,55 @@ def test_begin_of_a_cancelled_run_starts_nothing(tmp_path, capsys, monkeypatch) 
     monkeypatch.setenv("SLURM_JOB_ID", "6")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     nextattempt.main(["begin", "--run-dir", str(tmp_path), "--nodes", "2"])
-    assert "ACTION=exit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ACTION=exit" in out and "EXIT=89" in out
     told = history.read(RunDir(tmp_path))
-    assert told.stopped and told.cancelled_by == "clusterctl cancel"
+    assert told.stopped and told.cancelled_by == "clusterctl cancel" and told.exit_code == ExitCode.CANCELLED
+
+
+def _after(tmp_path, monkeypatch, code: int, verdict: dict | None, slurm: str = "cancelled") -> dict:  # noqa: ANN001
+    """The recovery step after attempt 1 of a 2-node run; attempts.jsonl's end event."""
+    from clusterctl.runtime import nextattempt
+
+    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "attempt-1").mkdir()
+    if verdict is not None:
+        (tmp_path / "attempt-1" / "verdict.json").write_text(json.dumps(verdict))
+    monkeypatch.setattr(nextattempt, "slurm_end", lambda *_: slurm)
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    nextattempt.main(["after", "--run-dir", str(tmp_path), "--nodes", "2", "--attempt", "1", "--code", str(code),
+                      "--srun-exit", "137", "--signal", "TERM"])
+    return next(e for e in history.read_events(tmp_path / "attempts.jsonl") if e["event"] == "end")
+
+
+def test_a_cancel_whose_controller_was_killed_first_is_recorded_as_one_in_verdict_json_too(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    """A warm process server's step ends with the job and takes the controller along before it gives its verdict: the
+    rendezvous's "ok" is all verdict.json says, and srun's 137 made 84. The run's history and verdict.json say 89."""
+    from clusterctl.rundir import verdict as verdictfile
+
+    rendezvous = {"ok": True, "code": 0, "message": "all 2 ranks registered and checked", "culprits": []}
+    end = _after(tmp_path, monkeypatch, ExitCode.SCRIPT_FAILED, rendezvous)
+    assert (end["exit"], end["verdict"]) == (89, "cancelled by scancel: the job was stopped from outside; no node is blamed")
+    given = verdictfile.read(tmp_path / "attempt-1")
+    assert given is not None and (given.ok, given.code, given.culprits) == (False, ExitCode.CANCELLED, [])
+    assert "EXIT=89" in capsys.readouterr().out
+
+
+def test_a_verdict_naming_culprits_stays_when_a_cancel_follows_it(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    from clusterctl.rundir import verdict as verdictfile
+
+    hang = {"ok": False, "code": 82, "message": "rank 1 on n2 hung", "culprits": [{"rank": 1, "host": "n2"}]}
+    assert _after(tmp_path, monkeypatch, ExitCode.HANG, hang)["exit"] == ExitCode.CANCELLED
+    assert verdictfile.read(tmp_path / "attempt-1").code == ExitCode.HANG  # the evidence is kept; nobody is excluded
+    assert not (tmp_path.parent / "suspects.jsonl").exists()
+
+
+def test_slurms_own_stop_is_no_cancel(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The time limit's TERM: the controller says 85 and the run goes on; verdict.json keeps the rendezvous's word."""
+    from clusterctl.runtime import nextattempt
+
+    monkeypatch.setattr(nextattempt, "submit_continuation", lambda *_: "7")
+    rendezvous = {"ok": True, "code": 0, "message": "all 2 ranks registered and checked", "culprits": []}
+    assert _after(tmp_path, monkeypatch, ExitCode.PRE_TIMEOUT, rendezvous, slurm="timeout")["exit"] == ExitCode.PRE_TIMEOUT
+    assert json.loads((tmp_path / "attempt-1" / "verdict.json").read_text())["ok"] is True

@@ -4,22 +4,39 @@ The batch script asks after every attempt (through runtime/nextattempt.py,
 which gathers the facts and carries the decision out). The policy, from the
 exit-code table in the reference (clusterctl/exitcodes.py):
 
-* 0 ends the run; 93 (do not requeue) and 87 stop it; so does a cancel.
+* 0 ends the run; 93 (do not requeue) and 87 stop it; so does a cancel, recorded
+  as 89 whatever code the stopped ranks or the controller gave.
 * 85 (pre-timeout or preemption, checkpoint committed) leaves the allocation:
   the run continues in a new job (continuation, or `scontrol requeue`), never
   counted against `restart.budget`. When Slurm requeued the job itself
   (preemption with PreemptMode=REQUEUE, `scontrol requeue`), that requeue is
   the continuation: nothing more is submitted.
+* 88 (the script's own error: the same on every rank, or a Python error
+  before the first step) stops the run at once, blaming no node.
 * Faults (80 rendezvous, 81 preflight, 82 hang, 83 straggler, 84 script,
-  86 node lost) count against the budget. The culprits' nodes are excluded
-  for 81, 82, 83 and 86; for 84 only a node that failed twice in the run.
+  86 node lost) count against the budget. Whose fault the verdict says it is
+  (rundir/verdict.FAULTS; docs/guide/verdicts.md) decides what a node pays:
+  - `node` evidence excludes the culprits' nodes at once (81, 82 with a
+    stopped process, 83, 86); for 84 (a kill from outside, a hardware
+    error) the node is excluded when it fails a second time in the run;
+  - `ambiguous` (one rank's exception, a hang with no stopped process)
+    excludes nobody the first time. When the next fault is the same again:
+    on the same rank with the same error (its signature) it follows the
+    rank, not a node — the script's, and the run stops with 88; on the same
+    node but another rank or error, while other nodes stay healthy, it
+    follows the node, which is then excluded and becomes a suspect;
+  - `infrastructure` (the same file-system or store error on every node)
+    gets one restart, blaming nobody; a second in a row stops the run (87);
+  - a verdict without a fault (written before faults were recorded) is
+    judged by its code: 81, 82, 83 and 86 exclude, 84 on a second failure.
   The next attempt starts inside the allocation when enough healthy nodes
   are left (spares replace excluded nodes, the others keep their place),
   else in a new job that excludes them. 80 restarts in the allocation once
   per job, then moves on.
 * A fault that repeats the previous one (same code, same culprit nodes) with
-  no newer committed checkpoint in between stops the run with 87: restarting
-  would only fail again. (Not 80: its rule is once here, then a new job.)
+  no newer committed checkpoint in between, and excludes no new node, stops
+  the run with 87: restarting would only fail again. (Not 80: its rule is
+  once here, then a new job.)
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ from typing import Literal
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.history import SCANCEL, Fault
 from clusterctl.rundir.runjson import RunJson
+from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, FAULT_INFRASTRUCTURE, FAULT_NODE
 
 FAULTS = frozenset({
     ExitCode.RENDEZVOUS_FAILED, ExitCode.PREFLIGHT_FAILED, ExitCode.HANG, ExitCode.STRAGGLER,
@@ -63,6 +81,9 @@ class Ended:
     culprit_hosts: tuple[str, ...] = ()  # the verdict's culprits' nodes, primary first
     committed_step: int | None = None  # newest committed checkpoint when it ended
     reason: str = ""  # the verdict's message, for the record
+    fault: str = ""  # whose fault the verdict says it is (rundir/verdict.FAULTS); "" when it does not say
+    culprit_ranks: tuple[int, ...] = ()  # the verdict's culprits' ranks, primary first
+    signature: str = ""  # the primary culprit's error, numbers aside (runtime/errorpatterns.signature)
 
 
 @dataclass(frozen=True)
@@ -95,13 +116,43 @@ class Decision:
 
 
 def blamed(ended: Ended, faults: tuple[Fault, ...]) -> list[str]:
-    """The nodes this attempt's fault excludes: culprits of 81/82/83/86; a node failing a script twice."""
-    if ended.code in EXCLUDE_CULPRITS:
-        return list(dict.fromkeys(h for h in ended.culprit_hosts if h))
-    if ended.code == ExitCode.SCRIPT_FAILED and ended.culprit_hosts:
+    """The nodes this attempt's fault excludes, as its fault class says (the module docstring)."""
+    hosts = list(dict.fromkeys(h for h in ended.culprit_hosts if h))
+    fault = ended.fault or _fault_of_code(ended.code)
+    if fault == FAULT_NODE and ended.code != ExitCode.SCRIPT_FAILED:
+        return hosts
+    if fault == FAULT_NODE:  # 84 on node evidence: a node failing a second time in the run
         before = {h for f in faults if f.code == ExitCode.SCRIPT_FAILED for h in f.hosts}
-        return [h for h in dict.fromkeys(ended.culprit_hosts) if h in before]
+        return [h for h in hosts if h in before]
+    if fault == FAULT_AMBIGUOUS and faults and follows_the_node(ended, faults[-1]):
+        return [h for h in hosts if h in faults[-1].hosts]
     return []
+
+
+def _fault_of_code(code: int) -> str:
+    """A verdict that does not say whose fault it is (written before faults were recorded): by its code."""
+    if code in EXCLUDE_CULPRITS or code == ExitCode.SCRIPT_FAILED:
+        return FAULT_NODE
+    return FAULT_AMBIGUOUS
+
+
+def follows_the_rank(ended: Ended, previous: Fault) -> bool:
+    """The same ambiguous failure again on the same primary rank with the same error: the script's (its data, a rank
+    condition), not a node's; a node fault does not pick the same rank and the same words twice."""
+    return (
+        ended.fault == FAULT_AMBIGUOUS and previous.fault == FAULT_AMBIGUOUS and previous.code == ended.code
+        and bool(ended.culprit_ranks) and previous.ranks[:1] == ended.culprit_ranks[:1]
+        and bool(ended.signature) and previous.signature == ended.signature
+    )
+
+
+def follows_the_node(ended: Ended, previous: Fault) -> bool:
+    """The same kind of ambiguous failure again on a node the previous one named, through another rank or error,
+    while other nodes stayed healthy: the node's."""
+    return (
+        ended.fault == FAULT_AMBIGUOUS and previous.fault == FAULT_AMBIGUOUS and previous.code == ended.code
+        and bool(set(ended.culprit_hosts) & set(previous.hosts)) and not follows_the_rank(ended, previous)
+    )
 
 
 def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: set[str], nodes: int,
@@ -151,9 +202,10 @@ def place_in_domains(allocation: tuple[str, ...], nodes: int, domain: Mapping[st
 def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
     code = ended.code
     exclude = list(dict.fromkeys(s.excluded))
-    if s.cancel_by or s.slurm_end == "cancelled":
+    if s.cancel_by or s.slurm_end == "cancelled" or code == ExitCode.CANCELLED:  # 89 whatever the ranks exited with
         who = f"by {s.cancel_by}" if s.cancel_by else "the job was cancelled (scancel)"
-        return Decision("stop", code, code, f"stopped: {who}", exclude=exclude, cancelled_by=s.cancel_by or SCANCEL)
+        return Decision("stop", int(ExitCode.CANCELLED), int(ExitCode.CANCELLED), f"stopped: {who}", exclude=exclude,
+                        cancelled_by=s.cancel_by or SCANCEL)
     if code == ExitCode.OK:
         return Decision("stop", 0, 0, "every rank finished", exclude=exclude)
     if s.slurm_end == "requeued":
@@ -163,18 +215,35 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
     if code == ExitCode.PRE_TIMEOUT or s.slurm_end in ("preempted", "timeout"):
         return _leave(Decision("continue", 0, int(ExitCode.PRE_TIMEOUT), "", exclude=exclude), policy,
                       "stopped before the time limit or a preemption with its checkpoint committed")
+    if code == ExitCode.SCRIPT_ERROR:
+        return Decision("stop", code, code, ended.reason or "the script's own error: no node is blamed", exclude=exclude)
     if code not in FAULTS:
         return Decision("stop", code, code, f"exit {code} is not one a restart can help", exclude=exclude)
 
+    what = f"exit {code}" + (f" ({ended.reason})" if ended.reason else "")
+    previous = s.faults[-1] if s.faults else None
+    if previous is not None and follows_the_rank(ended, previous):
+        script = int(ExitCode.SCRIPT_ERROR)
+        return Decision(
+            "stop", script, script,
+            f"{what}; the same failure on rank {ended.culprit_ranks[0]} as in the attempt before ({ended.signature}):"
+            " it follows the rank, not a node, so it is the script's: no node is blamed and the run stops",
+            exclude=exclude,
+        )
     newly = [h for h in blamed(ended, s.faults) if h not in exclude]
     exclude += newly
-    what = f"exit {code}" + (f" ({ended.reason})" if ended.reason else "")
     if policy.mode == "none":
         return Decision("stop", code, code, f"{what}; restart.mode is none", exclude=exclude, newly_excluded=newly)
-    previous = s.faults[-1] if s.faults else None
+    if ended.fault == FAULT_INFRASTRUCTURE and previous is not None and previous.fault == FAULT_INFRASTRUCTURE:
+        return Decision(
+            "stop", int(ExitCode.BUDGET_EXHAUSTED), int(ExitCode.BUDGET_EXHAUSTED),
+            f"{what}; the same shared file-system or store error twice in a row: no node is to blame and a restart"
+            " would fail again (fix what every node shares, then `clusterctl requeue RUN`)",
+            exclude=exclude,
+        )
     if (
         previous is not None and previous.code == code and code != ExitCode.RENDEZVOUS_FAILED and set(previous.hosts) == set(ended.culprit_hosts)
-        and (ended.committed_step or -1) <= (previous.committed_step or -1)
+        and (ended.committed_step or -1) <= (previous.committed_step or -1) and not newly
     ):
         step = "no checkpoint" if ended.committed_step is None else f"the checkpoint of step {ended.committed_step}"
         return Decision(
