@@ -147,6 +147,7 @@ def test_a_job_that_cannot_fit_is_refused_with_the_plans_numbers_unless_allowed(
     spec = ROOT / "examples" / "llama-70b.yaml"
     too_big = ["--set", "parallel.pp=1", "--set", "parallel.vpp=1", "--set", "sharding=none",
                "--set", f"runs_root={tmp_path / 'runs'}"]
+    (tmp_path / "pretrain_gpt.py").touch()  # the example's script: the ranks would run it here
     for command in (["submit", spec, "--dry-run"], ["render", spec, "-o", tmp_path / "out"]):
         refused = cli(*command, *too_big, cwd=tmp_path)
         assert refused.exit_code == ExitCode.BAD_CONFIG, refused.output

@@ -57,9 +57,9 @@ def next_attempt(run_dir: Path, n: int) -> Path:
 
 
 class Controller:
-    def __init__(self, attempt: Path, token: str = TOKEN) -> None:
+    def __init__(self, attempt: Path, token: str = TOKEN, **env_extra: str) -> None:
         number = attempt.name.removeprefix("attempt-")
-        env = dict(os.environ, CLUSTERCTL_TOKEN=token, CLUSTERCTL_ATTEMPT=number, SLURMD_NODENAME="n1")
+        env = dict(os.environ, CLUSTERCTL_TOKEN=token, CLUSTERCTL_ATTEMPT=number, SLURMD_NODENAME="n1", **env_extra)
         port = 20000 + os.getpid() % 9000
         self.attempt = attempt
         self.proc = subprocess.Popen(
@@ -150,7 +150,8 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
     assert code == ExitCode.SCRIPT_FAILED, out
     verdict = json.loads((ctl.attempt / "verdict.json").read_text())
     assert verdict["culprits"] == [
-        {"rank": 3, "host": "n2", "gpu": None, "reason": "script failed: Traceback: boom on rank 3"}
+        {"rank": 3, "host": "n2", "gpu": None, "reason": "script failed: Traceback: boom on rank 3",
+         "evidence": "exception"}
     ]
     assert verdict["victims"] == []
     assert verdict["evidence"]["traceback"] == "Traceback: boom on rank 3"
@@ -251,9 +252,23 @@ def test_srun_ending_during_the_rendezvous_judges_at_once_and_blames_who_never_c
     assert [c["host"] for c in json.loads((ctl.attempt / "verdict.json").read_text())["culprits"]] == ["n1", "n2", "n2"]
 
 
-def test_a_cancel_during_the_rendezvous_blames_no_node(tmp_path: Path) -> None:
-    """scancel or clusterctl cancel (SIGTERM to every process of the job): the ranks it stops are not at fault."""
-    ctl = Controller(make_run(tmp_path, timeout_s=120))
+@pytest.mark.parametrize("how", ["scancel", "clusterctl cancel", "time limit"])
+def test_a_cancel_during_the_rendezvous_blames_no_node(tmp_path: Path, how: str) -> None:
+    """scancel or clusterctl cancel (SIGTERM to every process of the job): the ranks it stops are not at fault, and
+    the attempt's code is a cancel's (89), whatever the ranks exit with. Slurm's own stop (its time limit, asked of
+    scontrol as the recovery step asks) is no cancel: 85, and the run goes on in a new job."""
+    attempt = make_run(tmp_path, timeout_s=120)
+    env: dict[str, str] = {}
+    if how == "clusterctl cancel":
+        (attempt.parent / "cancel.json").write_text(json.dumps({"by": "clusterctl cancel", "save": False}))
+    else:  # what Slurm says of the job while it kills it
+        state = "COMPLETING Reason=None" if how == "scancel" else "TIMEOUT Reason=TimeLimit"
+        fake = tmp_path / "bin" / "scontrol"
+        fake.parent.mkdir()
+        fake.write_text(f"#!/bin/sh\necho 'JobId=5 JobState={state} Restarts=0'\n")
+        fake.chmod(0o755)
+        env = {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "5"}
+    ctl = Controller(attempt, **env)
     store = rendezvous.connect(ctl.info(0), 20)
     rendezvous.register(store, 0, rank_record(0))
     told: dict = {}
@@ -265,8 +280,14 @@ def test_a_cancel_during_the_rendezvous_blames_no_node(tmp_path: Path) -> None:
     waiting.join(30)
     verdict = json.loads((ctl.attempt / "verdict.json").read_text())
     assert verdict["culprits"] == [] and not verdict["ok"], verdict
-    assert "stopped from outside" in verdict["message"] and "1 of 4 ranks had arrived" in verdict["message"], out
+    assert "1 of 4 ranks had arrived" in verdict["message"] and "no node is blamed" in verdict["message"], out
     assert told["culprits"] == [] and not told["ok"], told  # a waiting rank is released, and told why
+    if how == "time limit":
+        assert (ctl.proc.returncode, verdict["code"], told["code"]) == (85, 85, 85), out
+        assert verdict["message"].startswith("Slurm stopped the job at its time limit before the rendezvous"), verdict
+    else:
+        assert (ctl.proc.returncode, verdict["code"], verdict["verdict"], told["code"]) == (89, 89, "cancelled", 89), out
+        assert verdict["message"].startswith(f"cancelled by {how}: the job was stopped from outside before the rendezvous")
 
 
 def test_an_attempts_marker_lives_as_long_as_its_controller_and_stale_ones_go(tmp_path: Path) -> None:

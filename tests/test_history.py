@@ -64,20 +64,35 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], dict[str, Any] | No
     ("budget spent", SUBMITTED_STATE, [start(1), end(1, 87), nxt(1, "stop", 87, "restart.budget 0 is spent")], None,
      {"position": STOPPED, "exit_code": 87, "attempts": [(1, "100", 87, "restart budget exhausted or no progress", "stop")]}),
     ("cancelled by clusterctl cancel", SUBMITTED_STATE,
-     [start(1), {"event": "cancel", "by": "clusterctl cancel", "save": True, "time": T + 5}, end(1, 85),
-      nxt(1, "stop", 85, "stopped: by clusterctl cancel", cancelled_by="clusterctl cancel")],
+     [start(1), {"event": "cancel", "by": "clusterctl cancel", "save": True, "time": T + 5}, end(1, 89),
+      nxt(1, "stop", 89, "stopped: by clusterctl cancel", cancelled_by="clusterctl cancel")],
      {"by": "clusterctl cancel", "save": True},
      {"position": STOPPED, "cancelled_by": "clusterctl cancel", "cancel_asked": {"by": "clusterctl cancel", "save": True},
-      "attempts": [(1, "100", 85, "cancelled by clusterctl cancel", "stop")]}),
+      "exit_code": 89, "attempts": [(1, "100", 89, "cancelled by clusterctl cancel", "stop")]}),
+    # Runs from before 89 recorded what the stopped ranks or srun gave; a cancel still reads as one, with its one code.
     ("cancelled by scancel, as main wrote it before cancelled_by", SUBMITTED_STATE,
      [start(1), end(1, 85), nxt(1, "stop", 85, "stopped: the job was cancelled (scancel)")], None,
-     {"position": STOPPED, "cancelled_by": "scancel", "attempts": [(1, "100", 85, "cancelled by scancel", "stop")]}),
+     {"position": STOPPED, "cancelled_by": "scancel", "exit_code": 89, "attempts": [(1, "100", 89, "cancelled by scancel", "stop")]}),
+    ("an older cancel recorded as srun's 84", SUBMITTED_STATE,
+     [start(1), end(1, 84, srun_exit=137), nxt(1, "stop", 84, "stopped: by clusterctl cancel", cancelled_by="clusterctl cancel")],
+     None, {"exit_code": 89, "faults": [], "attempts": [(1, "100", 89, "cancelled by clusterctl cancel", "stop")]}),
+    ("an older cancel before the rendezvous, recorded as 80", SUBMITTED_STATE,
+     [start(1), end(1, 80, verdict="the job was stopped from outside (scancel, clusterctl cancel or the time limit) before"
+                                   " the rendezvous completed: 1 of 2 ranks had arrived; no node is blamed"),
+      nxt(1, "stop", 80, "stopped: the job was cancelled (scancel)", cancelled_by="scancel")],
+     None, {"exit_code": 89, "faults": [], "attempts": [(1, "100", 89, "cancelled by scancel", "stop")]}),
     ("stopped before the next job started", SUBMITTED_STATE,
      [start(1), end(1, 85), nxt(1, "continuation", 85, "continuing", next_job="101"),
       {"event": "cancel", "by": "clusterctl cancel", "time": T + 20},
-      nxt(0, "stop", 0, "stopped by clusterctl cancel before this job started", job="101", at=30)],
+      nxt(0, "stop", 89, "stopped by clusterctl cancel before this job started", job="101", at=30, cancelled_by="clusterctl cancel")],
      {"by": "clusterctl cancel"},
-     {"position": STOPPED, "cancelled_by": "clusterctl cancel", "preamble_events": ["next"], "job": "101"}),
+     {"position": STOPPED, "cancelled_by": "clusterctl cancel", "preamble_events": ["next"], "job": "101", "exit_code": 89,
+      "attempts": [(1, "100", 85, "pre-timeout or preempted, checkpoint committed", "continuation")]}),
+    ("stopped before the next job started, as main wrote it with exit 0", SUBMITTED_STATE,
+     [start(1), end(1, 85), nxt(1, "continuation", 85, "continuing", next_job="101"),
+      {"event": "cancel", "by": "clusterctl cancel", "time": T + 20},
+      nxt(0, "stop", 0, "stopped by clusterctl cancel before this job started", job="101", at=30, cancelled_by="clusterctl cancel")],
+     {"by": "clusterctl cancel"}, {"position": STOPPED, "cancelled_by": "clusterctl cancel", "exit_code": 89}),
     ("requeued by hand", SUBMITTED_STATE,
      [start(1), end(1, 82), nxt(1, "stop", 87, "no progress", counted=True, culprit_hosts=["n2"]),
       {"event": "requeue", "by": "clusterctl requeue", "next_job": "102", "exclude": ["n2", "n3"], "time": T + 60},
@@ -114,6 +129,17 @@ def test_the_fold_says_where_the_run_stands(
         else:
             got = getattr(h, key)
         assert got == want, f"{name}: {key}"
+
+
+def test_a_standalone_run_that_clusterctl_cancel_stopped_reads_cancelled() -> None:
+    """No recovery step records the cancel: the batch script's one end (srun's 143 made 84) follows the cancel event."""
+    events = [start(1), {"event": "cancel", "by": "clusterctl cancel", "save": False, "time": T + 5},
+              end(1, 84, at=6, srun_exit=143)]
+    h = fold(events, SUBMITTED_STATE, {"by": "clusterctl cancel"}, standalone=True)
+    (a,) = h.attempts
+    assert (h.position, h.exit_code, a.exit_code, a.meaning) == (STOPPED, 89, 89, "cancelled by clusterctl cancel")
+    finished = fold([start(1), end(1, 0)], SUBMITTED_STATE, standalone=True)  # no cancel: its end is its own
+    assert (finished.exit_code, finished.attempts[0].cancelled_by) == (0, None)
 
 
 def test_every_event_belongs_to_its_attempt_and_torn_lines_are_skipped(tmp_path: Path) -> None:

@@ -258,12 +258,12 @@ def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Pat
     assert not any(e.get("how") == history.NEXT_CONTINUATION for e in nexts(run))
     assert run.attempts() == [1]
     st = status(run)
-    assert st["state"] == "cancelled", st
-    # The attempt the cancel stopped reads as cancelled, whatever code its ranks saved and exited with (85).
+    assert (st["state"], st["exit_code"]) == ("cancelled", ExitCode.CANCELLED), st
+    # The attempt the cancel stopped reads as cancelled (89), whatever code its ranks saved and exited with (85).
     (attempt,) = st["attempts"]
-    assert (attempt["cancelled_by"], attempt["meaning"]) == ("scancel", "cancelled by scancel"), st
+    assert (attempt["cancelled_by"], attempt["meaning"], attempt["exit_code"]) == ("scancel", "cancelled by scancel", 89), st
     given = verdictfile.read(run.attempt(1))  # the ranks the cancel stopped are not at fault: no node to exclude
-    assert given is not None and given.culprits == [], story(run)
+    assert given is not None and given.culprits == [] and given.code == ExitCode.CANCELLED, story(run)
 
 
 def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, tmp_path: Path) -> None:

@@ -197,6 +197,39 @@ def test_a_run_that_failed_in_preflight_still_gets_a_report(tmp_path: Path) -> N
         assert f'src="{name}"' in page
 
 
+@pytest.mark.parametrize("recorded, verdict", [
+    (84, {"ok": True, "code": 0, "message": "all 2 ranks registered and checked"}),  # older runs: srun's 137 made 84
+    (80, {"ok": False, "code": 80, "message": "the job was stopped from outside (scancel, clusterctl cancel or the time"
+                                              " limit) before the rendezvous completed: 1 of 2 ranks had arrived"}),
+    (89, {"ok": False, "code": 89, "message": "cancelled by clusterctl cancel: the job was stopped from outside; no node is blamed"}),
+], ids=["old-ok-verdict", "old-80-verdict", "now"])
+def test_a_cancelled_attempt_reads_cancelled_in_both_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: int,
+                                                            verdict: dict[str, Any]) -> None:
+    from clusterctl.cli.report_cmd import print_text
+    from clusterctl.views.report import page
+
+    run = _minimal_run(tmp_path)
+    with open(run / "attempts.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "end", "attempt": 1, "job_id": "1", "exit": recorded, "time": 1130}) + "\n")
+        fh.write(json.dumps({"event": "next", "attempt": 1, "job_id": "1", "how": "stop", "exit": recorded, "time": 1130,
+                             "reason": "stopped: by clusterctl cancel", "cancelled_by": "clusterctl cancel"}) + "\n")
+    (run / "attempt-1" / "verdict.json").write_text(json.dumps({**verdict, "culprits": []}))
+    report = collect(RunDir(run))
+    (row,) = report.attempts
+    (said,) = report.headline["verdicts"]
+    assert (row["exit_code"], row["meaning"]) == (89, "cancelled by clusterctl cancel")
+    assert (said["status"], said["code"], said["culprits"]) == ("cancelled", 89, [])
+    assert said["message"].startswith("cancelled by clusterctl cancel")
+    html = page.render(report.headline, report.state, report.attempts, None, "")
+    verdicts = html.split("<h2>Verdicts</h2>")[1].split("<h2>")[0]
+    assert "<td class=ok>cancelled</td><td>89</td>" in verdicts and ">failed<" not in verdicts and ">ok<" not in verdicts  # ok, failed or cancelled
+    assert not report.figures.verdicts  # nothing marked in red: nobody is blamed
+    print_text(report.headline)
+    text = capsys.readouterr().out
+    assert "attempt 1 verdict: cancelled (code 89) cancelled by clusterctl cancel" in text
+    assert f"verdict: ok" not in text and " 84 " not in text and " 80 " not in text
+
+
 def test_json_prints_the_headline(straggler_run: Path, tmp_path: Path) -> None:
     result = cli("report", str(straggler_run), "-o", str(tmp_path / "r"), "--json")
     assert result.exit_code == 0, result.output

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from clusterctl import rundir
+from clusterctl.actions import follow
 from clusterctl.backends.base import Backend, JobInfo
 from clusterctl.cli import app
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, history, list_runs
 from clusterctl.rundir.metrics import MetricsFile
 from clusterctl.views.state import derive, derive_many, wanted_job
-from clusterctl.views.statetext import progress
+from clusterctl.views.statetext import progress, status_line
 from tests.helpers import cli
 
 T0 = 1_800_000_000.0
@@ -159,12 +160,20 @@ def test_stops_read_as_the_user_means_them(tmp_path: Path) -> None:
     st = derive(timeout.dir, {})
     assert st.state == "cancelled" and st.exit_code == 85 and "clusterctl requeue continues it" in st.reason  # not failed
 
+    # A cancel has one code (89), and `submit --wait` exits with it: whatever an older run recorded (srun's 84), or
+    # none at all (the batch script died with the job, or the job was cancelled while it pended).
     cancelled = Run(tmp_path, name="cancelled").attempt(1, T0, 0, 9).event(history.EVENT_CANCEL, by="clusterctl cancel", save=False)
     cancelled.end(1, ExitCode.SCRIPT_FAILED, T0 + 9, history.NEXT_STOP, "stopped: by clusterctl cancel")
-    assert derive(cancelled.dir, {}).state == "cancelled"
+    st = derive(cancelled.dir, {})
+    assert (st.state, st.exit_code, follow.exit_code(st)) == ("cancelled", 89, 89)
+    assert status_line(st) == "cancelled (exit 89): cancelled by clusterctl cancel"
 
     scancelled = Run(tmp_path, name="scancelled").attempt(1, T0, 0, 9)  # scancel: the batch script died too
-    assert derive(scancelled.dir, {"100": JobInfo("100", "CANCELLED")}).state == "cancelled"
+    st = derive(scancelled.dir, {"100": JobInfo("100", "CANCELLED")})
+    assert (st.state, st.exit_code, follow.exit_code(st)) == ("cancelled", 89, 89)
+    pending = Run(tmp_path, name="pending")  # scancel of a job that never started
+    st = derive(pending.dir, {"100": JobInfo("100", "CANCELLED")})
+    assert (st.state, st.exit_code, follow.exit_code(st)) == ("cancelled", 89, 89)
 
     refused = Run(tmp_path, name="refused")
     refused.dir.write_state(state="failed", reason="Slurm rejected the job: invalid partition")
@@ -347,8 +356,16 @@ def test_an_attempt_stopped_by_a_cancel_reads_cancelled_not_pre_timeout(tmp_path
     run.event(history.EVENT_NEXT, attempt=1, job_id="100", exit=ExitCode.PRE_TIMEOUT, how=history.NEXT_STOP,
               reason="stopped: the job was cancelled (scancel)", cancelled_by="scancel", time=T0 + 15)
     st = derive(run.dir, {})
-    assert (st.state, st.reason) == ("cancelled", "cancelled by scancel")
+    assert (st.state, st.reason, st.exit_code) == ("cancelled", "cancelled by scancel", ExitCode.CANCELLED)
     (a,) = st.attempts
-    assert (a.cancelled_by, a.meaning) == ("scancel", "cancelled by scancel")
+    assert (a.cancelled_by, a.meaning, a.exit_code) == ("scancel", "cancelled by scancel", ExitCode.CANCELLED)
     table = cli("status", str(run.dir.path)).stdout
-    assert "cancelled" in table and "pre timeout" not in table
+    assert "cancelled" in table and "pre timeout" not in table and " 85 " not in table
+
+
+def test_a_cancel_verdict_while_the_end_is_recorded_is_not_a_restart(tmp_path: Path) -> None:
+    """The controller has said "cancelled" (89), the recovery step has not recorded the end yet."""
+    cancel = {"ok": False, "code": 89, "message": "cancelled by scancel: the job was stopped from outside; no node is blamed",
+              "culprits": []}
+    st = derive(Run(tmp_path).attempt(1, T0, 0, 19, verdict=cancel).dir, {"100": JobInfo("100", "RUNNING")})
+    assert st.state == "training" and not st.attempts[0].culprits

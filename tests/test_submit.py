@@ -29,10 +29,11 @@ def spec_file(tmp_path: Path, **extra: object) -> Path:
     }
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(spec))
+    (tmp_path / "train.py").touch()  # the command's script, where a submission from tmp_path looks for it
     return path
 
 
-def test_dry_run_writes_exactly_what_a_submission_would(tmp_path: Path) -> None:
+def test_dry_run_writes_exactly_what_a_submission_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -40,6 +41,7 @@ def test_dry_run_writes_exactly_what_a_submission_would(tmp_path: Path) -> None:
     (repo / "train.py").write_text("print('changed')\n")
     spec = spec_file(tmp_path)
     (repo / "job.yaml").write_text(spec.read_text())
+    monkeypatch.chdir(repo)  # the ranks run where the job is submitted from: train.py is here
     done = submit_job(load_job(repo / "job.yaml"), "local", dry_run=True)
     run = done.run
     assert done.job_id is None

@@ -162,6 +162,7 @@ def test_parameters_a_user_gets_wrong_are_refused_with_the_reason(tmp_path: Path
 def test_clusterctl_states_in_submitits_words() -> None:
     words = {state: submitit_state(state) for state in runstate.STATES}
     assert words == {"pending": "PENDING", "starting": "RUNNING", "training": "RUNNING", "restarting": "RUNNING",
+                     "stopping": "RUNNING",
                      "continued": "REQUEUED", "completed": "COMPLETED", "failed": "FAILED", "cancelled": "CANCELLED",
                      "dry-run": "UNKNOWN"}  # nothing was submitted: submitit has no word for it
 

@@ -27,6 +27,54 @@ def blame(node: str, at: float, run: str = "r1", code: int = 82, reason: str = "
     return Suspect(node, reason, code, run, at)
 
 
+def after_attempt(runs: Path, monkeypatch: pytest.MonkeyPatch, code: int, verdict: dict[str, Any] | None,
+                  hosts: list[str]) -> Path:
+    """The batch script's recovery step after attempt 1 of a run in `runs` on `hosts` (no restart: budget 0)."""
+    from clusterctl.runtime import nextattempt
+
+    run = runs / "r-after"
+    (run / "attempt-1").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"restart": {"budget": 0}}))
+    if verdict is not None:
+        (run / "attempt-1" / "verdict.json").write_text(json.dumps(verdict))
+    (run / "hosts").write_text("\n".join(hosts) + "\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", ",".join(hosts))
+    nextattempt.main(["after", "--run-dir", str(run), "--nodes", str(len(hosts)), "--attempt", "1", "--code", str(code),
+                      "--srun-exit", str(code), "--hosts-file", str(run / "hosts")])
+    return run
+
+
+def test_a_blamed_node_is_remembered_with_what_pointed_at_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped = {"ok": False, "code": 82, "message": "hang: rank 1 on n2: process stopped", "fault": "node",
+               "culprits": [{"rank": 1, "host": "n2", "gpu": 0, "reason": "process stopped", "evidence": "stopped"}]}
+    after_attempt(tmp_path, monkeypatch, 82, stopped, ["n1", "n2"])
+    found = suspects.active(tmp_path, 24 * HOUR)
+    assert list(found) == ["n2"] and found["n2"].evidence == "stopped"
+    listed = json.loads(cli("suspects", "--runs-root", str(tmp_path), "--json").stdout)
+    assert [(row["node"], row["evidence"]) for row in listed] == [("n2", "stopped")]
+
+
+def test_the_scripts_own_error_makes_no_suspect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    same = {"ok": False, "code": 88, "fault": "script", "message": "the script failed the same way on every rank (2)",
+            "culprits": [{"rank": 0, "host": "n1", "reason": "script failed: ValueError", "evidence": "exception"},
+                         {"rank": 1, "host": "n2", "reason": "script failed: ValueError", "evidence": "exception"}]}
+    after_attempt(tmp_path, monkeypatch, 88, same, ["n1", "n2"])
+    assert suspects.nodes(tmp_path) == {}
+
+
+def test_a_suspect_that_runs_an_attempt_to_its_end_is_cleared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = time.time()
+    suspects.record(tmp_path, [blame("n1", now - HOUR), blame("n3", now - HOUR),
+                               Suspect("n2", "drill hang", 82, "r0", now - HOUR, drill=True)])
+    after_attempt(tmp_path, monkeypatch, 0, None, ["n1", "n2"])
+    records = suspects.nodes(tmp_path)
+    assert records["n1"].cleared is not None and "r-after attempt 1" in records["n1"].cleared.by
+    assert records["n3"].cleared is None  # it did not run there
+    assert records["n2"].cleared is None  # a drill's blame says nothing either way
+    assert list(suspects.active(tmp_path, 24 * HOUR)) == ["n3"]
+
+
 # --- the file ------------------------------------------------------------------------
 
 
@@ -298,7 +346,8 @@ def test_suspects_lists_active_ones_and_all_with_json(tmp_path: Path) -> None:
     listed = json.loads(cli("suspects", "--runs-root", str(root), "--json").stdout)
     assert [(r["node"], r["state"], r["code"], r["run"]) for r in listed] == [("gpu-1", "active", 83, "llama-7")]
     assert listed[0]["until"] == pytest.approx(listed[0]["time"] + 24 * HOUR)
-    assert set(listed[0]) == {"node", "state", "reason", "code", "run", "time", "until", "blames", "cleared_by", "drill"}
+    assert set(listed[0]) == {"node", "state", "reason", "evidence", "code", "run", "time", "until", "blames", "cleared_by",
+                               "drill"}
     everything = json.loads(cli("suspects", "--runs-root", str(root), "--json", "--all").stdout)
     assert [(r["node"], r["state"], r["cleared_by"]) for r in everything] == [
         ("gpu-1", "active", None),

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clusterctl.backends import Backend
+from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
-from clusterctl.views.state import COMPLETED, FINAL, RunState, derive_one
+from clusterctl.views.state import CANCELLED, COMPLETED, FINAL, RunState, derive_one
 from clusterctl.views.statetext import status_line
 
 
@@ -25,10 +26,13 @@ class Outcome:
 
 
 def exit_code(st: RunState) -> int:
-    """What `submit --wait` exits with: 0 for a completed run, else the run's recorded code (1 when none was)."""
+    """What `submit --wait` exits with: 0 for a completed run, else the run's code as its state gives it (89 for a
+    cancel, views/state.py); 89 too for a cancelled run a login node's older clusterctl shows without one; else 1."""
     if st.state == COMPLETED:
         return 0
-    return st.exit_code if isinstance(st.exit_code, int) and st.exit_code != 0 else 1
+    if isinstance(st.exit_code, int) and st.exit_code != 0:
+        return st.exit_code
+    return int(ExitCode.CANCELLED) if st.state == CANCELLED else int(ExitCode.BUG)
 
 
 def local_state(backend: Backend, run: RunDir) -> Callable[[], RunState]:

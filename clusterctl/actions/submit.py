@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clusterctl.backends import Backend, get_backend
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
+from clusterctl.plan.commandcheck import PYTHON_ENV, CommandCheck, Where, check_command
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
 from clusterctl.plan.suspects import SuspectChoice
-from clusterctl.render.runfiles import create_run, runs_root
+from clusterctl.render.runfiles import create_run, node_python, runs_root, shipped_root
 from clusterctl.rundir import RunDir, access, roots, secretenv, suspects
 from clusterctl.rundir.suspects import Suspect
 
@@ -76,20 +78,62 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
     choice = job.plan.suspects
     refuse_missing_secrets(job)
     refuse_missing_image(job)
+    said = refuse_bad_command(job, Path.cwd())  # sbatch runs in this directory, and so do the ranks
     run = create_run(job)
     roots.remember(run.path.parent)  # so that `status RUN` finds it from any directory
     run.write_state(**choice.as_state())
     if dry_run:  # no secret is taken: `clusterctl requeue` takes them when it submits the run
         run.write_state(state="dry-run", backend=name)
-        return Submitted(run, None, name, suspects=choice)
+        return Submitted(run, None, name, said, suspects=choice)
     secretenv.write(run.path, job.spec.secret_env, os.environ)
     loose = access.loose_root(run.path.parent)
     try:
         done = submit_rendered(run, backend, Path.cwd())
-        return replace(done, suspects=choice, warnings=(*([loose] if loose else []), *done.warnings))
+        return replace(done, suspects=choice, warnings=(*said, *([loose] if loose else []), *done.warnings))
     except ClusterctlError:
         shutil.rmtree(run.path, ignore_errors=True)  # refused or unreachable: no job, so no run to look at
         raise
+
+
+def command_where(job: PlannedJob | JobConfig, workdir: Path, *, how: str = "the directory clusterctl submit ran in",
+                  remote: str | None = None) -> Where:
+    """What the command check may know of the place the ranks run, read here (the environment, this interpreter)."""
+    spec, site = job.spec, job.site
+    set_for_ranks = {**site.env, **spec.env, **spec.container.env}
+    return Where(
+        workdir=workdir, how=how, spec_dir=job.spec_path.parent.absolute(), path=os.environ.get("PATH", os.defpath),
+        image=spec.container.image, modules=(*site.modules, *spec.modules), remote=remote,
+        python_env=tuple(name for name in PYTHON_ENV if name in set_for_ranks),
+        python_here=_interpreter(node_python(job)) == _interpreter(sys.executable),
+        this_python=sys.executable,
+    )
+
+
+def _interpreter(python: str) -> str:
+    """An interpreter's absolute path as written (a venv's python is not the base one it links to), a bare name
+    looked up on PATH."""
+    return os.path.abspath(python if "/" in python else (shutil.which(python) or python))
+
+
+def refuse_bad_command(job: PlannedJob | JobConfig, workdir: Path) -> tuple[str, ...]:
+    """A command that names a script, module or program that is not there refuses the job before anything is
+    written (plan/commandcheck.py says when it is only a warning); returns the warnings to print."""
+    found: CommandCheck = check_command(job.spec.command or [], command_where(job, workdir))
+    if found.problems:
+        raise ConfigError(f"job spec {job.spec_path}", list(found.problems))
+    return found.warnings
+
+
+def remote_command_warnings(job: JobConfig, host: str, ship_from: Path | None) -> tuple[str, ...]:
+    """`submit --remote`: the ranks run in the copy of `ship_from`'s git work tree on `host`. What the command
+    names is looked for in that tree here, and only warned about: the login node holds the files. Nothing to
+    look at with --code-on-cluster (`ship_from` None) or outside a work tree (the shipping refuses that)."""
+    root = shipped_root(ship_from) if ship_from is not None else None
+    if root is None:
+        return ()
+    where = command_where(job, root, how=f"a copy of it shipped to {host}", remote=host)
+    found = check_command(job.spec.command or [], where)
+    return (*found.warnings, *(problem.render() for problem in found.problems))
 
 
 def refuse_missing_image(job: PlannedJob | JobConfig, workdir: Path | None = None) -> None:

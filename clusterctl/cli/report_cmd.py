@@ -83,7 +83,7 @@ def print_text(head: dict[str, Any]) -> None:
         culprits = "; ".join(f"rank {c.get('rank')} on {c.get('host')}" + (f": {c['reason']}" if c.get("reason") else "")
                              for c in v.get("culprits") or []
                              if not _said(c, message))  # each sentence once
-        status = "ok" if v.get("ok") else "failed"
+        status = v.get("status") or ("ok" if v.get("ok") else "failed")  # ok, failed or cancelled
         console.print(f"attempt {v['attempt']} verdict: {status} (code {_f(v.get('code'))}) {message}"
                       + (f"; culprits: {culprits}" if culprits else ""))
     for note in head.get("notes") or []:

@@ -11,10 +11,10 @@ from rich.text import Text
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import jobid
 from clusterctl.syntax import hostlist
-from clusterctl.views.state import CANCELLED, COMPLETED, DRY_RUN, FAILED, PENDING, RESTARTING, TRAINING, Attempt, RunState
+from clusterctl.views.state import CANCELLED, COMPLETED, DRY_RUN, FAILED, PENDING, RESTARTING, STOPPING, TRAINING, Attempt, RunState
 from clusterctl.views.statetext import culprits, duration, progress
 
-STYLES = {COMPLETED: "green", FAILED: "bold red", CANCELLED: "yellow", TRAINING: "cyan", RESTARTING: "magenta", PENDING: "blue",
+STYLES = {COMPLETED: "green", FAILED: "bold red", CANCELLED: "yellow", TRAINING: "cyan", RESTARTING: "magenta", STOPPING: "red", PENDING: "blue",
           DRY_RUN: "dim"}
 
 
@@ -96,7 +96,7 @@ def run_screen(st: RunState, now: float | None = None) -> RenderableType:
     head = Text.assemble((st.run, "bold"), "  ", (st.state, "bold " + STYLES.get(st.state, "")))
     if st.reason:
         head.append(f"  {st.reason}")
-    if st.state in (FAILED, RESTARTING):
+    if st.state in (FAILED, RESTARTING, STOPPING):
         head.append(culprits(st))
     facts = [f"job {st.job_id or '-'}"]
     if progress(st):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -13,7 +14,7 @@ from rich.text import Text
 
 from clusterctl import rundir
 from clusterctl.actions.follow import follow, local_state
-from clusterctl.actions.submit import Submitted, local_suspects, submit_job
+from clusterctl.actions.submit import Submitted, local_suspects, remote_command_warnings, submit_job
 from clusterctl.backends import BACKENDS, get_backend
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import AllowOomOpt, JsonOpt, SetOpt, SiteOpt, SpecArg, overrides
@@ -104,25 +105,32 @@ def _submitted_json(job: PlannedJob, done: Any, run: str, **more: object) -> dic
             "excluded_suspects": [s.node for s in done.suspects.excluded], "warnings": list(done.warnings)}
 
 
+def print_warnings(console: Console, warnings: list[str] | tuple[str, ...]) -> None:
+    for warning in warnings:
+        console.print(Text.assemble(("warning: ", "yellow"), warning))
+
+
 def _say_submitted(console: Console, job: PlannedJob, done: Submitted) -> None:
     print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
     if done.job_id is None:
         console.print(f"dry run: nothing submitted; run directory {done.run.path}")
         console.print(f"the batch script is {done.run.sbatch}")
+        print_warnings(console, done.warnings)
         return
     console.print(f"submitted job {done.display_id} ({done.backend}): {job.plan.world_size} ranks on {job.plan.nodes}"
                   f" nodes{spare_note(job.spec.spares)}")
     console.print(f"run directory: {done.run.path}")
     console.print(f"logs: {done.run.path}/slurm-{done.job_id}.out and {done.run.path}/{rundir.ATTEMPT_PREFIX}N/{rundir.LOGS}/")
-    for warning in done.warnings:
-        console.print(Text.assemble(("warning: ", "yellow"), warning))
+    print_warnings(console, done.warnings)
 
 
 def _submit_remote(config: JobConfig, host: str, command: str | None, transport: str, backend: str | None, code: Path | None,
                    code_on_cluster: str | None, dry_run: bool, wait: bool, console: Console, as_json: bool = False) -> None:
     """Render here, ship the run (and the code), submit on the login node; --wait follows it there."""
     console.print(f"connecting to {host} ...")
+    said = remote_command_warnings(config, host, None if code_on_cluster else (code or config.spec_path.parent))
     done = submit_remote(config, host, command, transport, backend, code, code_on_cluster, dry_run)
+    done = replace(done, warnings=[*said, *done.warnings])
     job = done.job
     with done.remote as link:
         where = f"{link.host}:{done.run_path}"
@@ -132,12 +140,12 @@ def _submit_remote(config: JobConfig, host: str, command: str | None, transport:
         print_suspects(console, done.suspects, warn=job.spec.topology.avoid_suspects)
         if done.job_id is None:
             console.print(f"dry run: nothing submitted; run directory {where}")
+            print_warnings(console, done.warnings)
             return
         console.print(f"submitted job {done.display_id} ({done.backend}) on {link.host}: {job.plan.world_size} ranks"
                       f" on {job.plan.nodes} nodes{spare_note(job.spec.spares)}")
         console.print(f"run directory: {where} (the ranks run in {done.workdir})")
-        for warning in done.warnings:
-            console.print(Text.assemble(("warning: ", "yellow"), warning))
+        print_warnings(console, done.warnings)
         if wait:
             poll = lambda: RunState.from_dict(link.json(["status", done.run_path, "--json"]))  # noqa: E731
             outcome = follow(poll, lambda line: console.print(line), every_s=2.0)

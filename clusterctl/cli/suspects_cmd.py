@@ -57,6 +57,7 @@ def rows(records: dict[str, suspects.NodeRecord], window_s: float, now: float, e
                 "node": node,
                 "state": state,
                 "reason": s.reason,
+                "evidence": s.evidence,
                 "code": s.code,
                 "run": s.run,
                 "time": s.time,
@@ -130,12 +131,13 @@ def register(app: typer.Typer) -> None:
         hours = f"{window_s / 3600:g} h" if window_s > 0 else "off"
         table = Table(title=f"Suspect nodes in {root} (avoided for {hours})", title_justify="left")
         with_state = everything or any(row["drill"] for row in found)  # a drill's culprit: listed, not avoided
-        columns = ["node", *(["state"] if with_state else []), "reason", "code", "run", "when", "until"]
+        columns = ["node", *(["state"] if with_state else []), "evidence", "reason", "code", "run", "when", "until"]
         for col in columns:
             table.add_column(col, justify="right" if col == "code" else "left")
         for row in found:
             ago = format_duration(max(0.0, now - row["time"]))
             until = _local(row["until"]) if row["until"] is not None else "-"
-            cells = [row["node"], *([row["state"]] if with_state else []), row["reason"], str(row["code"]), row["run"]]
+            cells = [row["node"], *([row["state"]] if with_state else []), row["evidence"] or "-", row["reason"],
+                     str(row["code"]), row["run"]]
             table.add_row(*cells, f"{_local(row['time'])} ({ago} ago)", until)
         console.print(table)

@@ -9,7 +9,6 @@ planner; rules that need only the spec live here.
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,6 +28,7 @@ from pydantic import (
 from clusterctl.config.problems import validate_located
 from clusterctl.config.yamlload import Located, load_yaml
 from clusterctl.errors import ConfigError, Problem
+from clusterctl.syntax.shellwords import split_command
 from clusterctl.syntax.units import format_duration, parse_count, parse_duration
 
 # --- reusable field types ----------------------------------------------------
@@ -297,6 +297,12 @@ class Restart(Section):
 class Watchdog(Section):
     hang_timeout: Seconds = Field(120, description="no progress for this long is a hang")
     straggler_factor: float = Field(1.5, gt=1.0, description="step time over the peers' median by this factor")
+    straggler_min_compute_s: float = Field(
+        0.01, ge=0, description="a straggler computes at least this long a step (seconds): below it, ratios are timer jitter"
+    )
+    straggler_min_lost_s: float = Field(
+        0.005, ge=0, description="a straggler loses at least this long a step against its peers (seconds)"
+    )
     window: PositiveInt = Field(20, description="steps over which step times are compared")
     save_timeout: Seconds = Field(900, description="a checkpoint save may take this long")
     load_timeout: Seconds = Field(900, description="loading a checkpoint at the start may take this long")
@@ -413,15 +419,7 @@ class Container(Section):
 
 
 def _command(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            parts = shlex.split(value)
-        except ValueError as exc:
-            raise ValueError(f"cannot split the command like a shell would: {exc}") from None
-        if not parts:
-            raise ValueError("expected a non-empty command")
-        return parts
-    return value
+    return split_command(value) if isinstance(value, str) else value
 
 
 # --- the spec ----------------------------------------------------------------

@@ -25,7 +25,7 @@ from clusterctl.render.scripts import render_run
 from clusterctl.rundir import RunDir, access
 
 
-def node_python(job: PlannedJob) -> str:
+def node_python(job: PlannedJob | JobConfig) -> str:
     """The interpreter ranks run: the site's, else the one running clusterctl (shared filesystems)."""
     return job.site.python or sys.executable
 
@@ -172,16 +172,21 @@ def _git(where: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+def shipped_root(source: Path) -> Path | None:
+    """The top of the git work tree holding `source`: what ship_tree copies, where remote ranks run (None: no tree)."""
+    top = _git(source, "rev-parse", "--show-toplevel")
+    return Path(top.strip()) if top is not None else None
+
+
 def ship_tree(dest: Path, source: Path) -> int:
     """Copy the git work tree holding `source` as it is now: tracked and untracked files (not ignored ones),
     uncommitted changes included. Returns the bytes copied."""
-    top = _git(source, "rev-parse", "--show-toplevel")
-    if top is None:
+    root = shipped_root(source)
+    if root is None:
         raise ClusterctlError(
             f"{source} is not inside a git work tree, so there is no defined set of files to ship: give --code DIR"
             " (a git work tree), or --code-on-cluster PATH (code already on the cluster)", ExitCode.USAGE
         )
-    root = Path(top.strip())
     names = (_git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard") or "").split("\0")
     dest.mkdir(parents=True)
     total = 0

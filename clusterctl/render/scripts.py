@@ -50,7 +50,7 @@ SBATCH_TEMPLATE = "job.sbatch.j2"
 WRAPPER_TEMPLATE = "wrapper.sh.j2"
 # #SBATCH lines are not shell: sbatch reads them itself, so paths there must be plain.
 SBATCH_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@:=,-]*$")
-PASSTHROUGH = [c for c in ExitCode if 80 <= c <= 87 or c == ExitCode.DO_NOT_REQUEUE]
+PASSTHROUGH = [c for c in ExitCode if 80 <= c <= 89 or c == ExitCode.DO_NOT_REQUEUE]
 VERDICT_GRACE_S = 15  # srun may outlive a verdict this long (tasks on a lost node) before the batch script stops it
 
 
@@ -373,6 +373,8 @@ def build_run_json(
         watchdog=WatchdogRecord(
             hang_timeout=spec.watchdog.hang_timeout,
             straggler_factor=spec.watchdog.straggler_factor,
+            straggler_min_compute_s=spec.watchdog.straggler_min_compute_s,
+            straggler_min_lost_s=spec.watchdog.straggler_min_lost_s,
             window=spec.watchdog.window,
             save_timeout=spec.watchdog.save_timeout,
             load_timeout=spec.watchdog.load_timeout,

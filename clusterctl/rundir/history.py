@@ -17,12 +17,18 @@ Events, one JSON object per line (`time`: whole seconds since the epoch):
             committed_step, verdict (the controller's message), reason
     signal  attempt, job_id, signal (USR2, TERM, ...): the batch shell trapped it
     next    attempt, job_id, how (NEXT_*), exit, reason, exclude, counted, culprit_hosts,
+            culprit_ranks, fault, signature (the verdict's: the next fault is judged against them),
             committed_step, next_job (continuation), hosts/replaced (allocation),
             cancelled_by (the stop came from a cancel: `clusterctl cancel` or `scancel`)
     cancel  by, save                       `clusterctl cancel` was asked
     requeue by, next_job, exclude, overrides   `clusterctl requeue` continued the run
 
 A torn or foreign line is skipped. Keys are only ever added.
+
+A cancel has one code: an attempt a cancel stopped (its `next` says who, or a
+standalone run's end after `clusterctl cancel`) and the run it stopped read
+89 (CANCELLED) here, whatever their events recorded: runs before 89 existed
+recorded the code the stopped ranks or srun gave (80, 84, 85, 0).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterctl.exitcodes import meaning
+from clusterctl.exitcodes import ExitCode, meaning
 from clusterctl.rundir import attemptjson, jobid, layout, runjson, secretenv
 from clusterctl.rundir.jsonio import read_json
 
@@ -100,6 +106,9 @@ class Fault:
     hosts: tuple[str, ...]  # its culprits' nodes
     committed_step: int | None  # the newest committed checkpoint when it ended
     job_id: str
+    fault: str = ""  # whose fault its verdict said (rundir/verdict.FAULTS); "" before the key was recorded
+    ranks: tuple[int, ...] = ()  # its culprits' ranks, primary first
+    signature: str = ""  # the primary culprit's error, numbers aside (runtime/errorpatterns.signature)
 
 
 @dataclass
@@ -261,6 +270,8 @@ def fold(
             a.end_reason = str(e.get("verdict") or e.get("reason") or "")
             if _int(e.get("committed_step")) is not None:
                 a.committed_step = e["committed_step"]
+            if standalone and h.cancelled_by and a.exit_code != 0:  # no recovery step to say so: the cancel ended it
+                a.cancelled_by, a.exit_code = h.cancelled_by, int(ExitCode.CANCELLED)
             h.position, h.exit_code = (STOPPED if standalone else ENDED), a.exit_code
             h.reason = a.end_reason
             if standalone and not h.reason:
@@ -284,14 +295,16 @@ def fold(
                 if a.exit_code is None and _int(e.get("exit")) is not None:
                     a.exit_code = e["exit"]
                 if by:
-                    a.cancelled_by = by
+                    a.cancelled_by, a.exit_code = by, int(ExitCode.CANCELLED)
             if by:
-                h.cancelled_by = by
+                h.cancelled_by, h.exit_code = by, int(ExitCode.CANCELLED)
             if isinstance(e.get("exclude"), list):
                 h.exclude = [str(n) for n in e["exclude"]]
             if e.get("counted"):
                 faults.append(Fault(int(e.get("exit") or 0), tuple(str(x) for x in e.get("culprit_hosts") or ()),
-                                    _int(e.get("committed_step")), jobid.native(e.get("job_id"))))
+                                    _int(e.get("committed_step")), jobid.native(e.get("job_id")), str(e.get("fault") or ""),
+                                    tuple(r for r in e.get("culprit_ranks") or () if isinstance(r, int)),
+                                    str(e.get("signature") or "")))
             pending_begin = e
             if how == NEXT_ALLOCATION:
                 h.position = RESTARTING

@@ -3,7 +3,9 @@
 One JSON line per event in `<runs root>/suspects.jsonl`, appended and never
 rewritten, so many jobs (and `clusterctl suspects --clear`) can write it at
 once: each line goes out in one O_APPEND write, which a local filesystem
-keeps whole. A blame is `{node, reason, code, run, time}` (plus `drill: true`
+keeps whole. A blame is `{node, reason, code, run, time, evidence}` (evidence:
+the word of rundir/verdict.EVIDENCE that pointed at the node, such as
+`stopped`, `slow` or `repeated`; older lines have none) (plus `drill: true`
 when `clusterctl drill` caused it: such blames are listed, not avoided by
 later submissions unless they ask, `topology.avoid_drill_suspects`); a clear is
 `{node, cleared: true, time, by}` and forgives every blame of that node
@@ -42,6 +44,7 @@ class Suspect:
     run: str  # the run id (the run directory's name)
     time: float
     drill: bool = False  # caused by `clusterctl drill`: a fault injected on purpose, not the node's
+    evidence: str = ""  # what pointed at the node (a word of rundir/verdict.EVIDENCE); "" in lines written before it
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def _blame_line(s: Suspect) -> dict[str, Any]:
     line = {**asdict(s), "reason": s.reason[:REASON_MAX]}
     if not s.drill:
         line.pop("drill")  # the lines every other blame has always had
+    if not s.evidence:
+        line.pop("evidence")
     return line
 
 
@@ -178,7 +183,9 @@ def _parse(line: str) -> Suspect | Cleared | None:
     code, reason, run = data.get("code"), data.get("reason"), data.get("run")
     if not (isinstance(code, int) and not isinstance(code, bool) and isinstance(reason, str) and isinstance(run, str)):
         return None
-    return Suspect(data["node"], reason, code, run, float(data["time"]), data.get("drill") is True)
+    evidence = data.get("evidence")
+    return Suspect(data["node"], reason, code, run, float(data["time"]), data.get("drill") is True,
+                   evidence if isinstance(evidence, str) else "")
 
 
 def read(runs_root: Path) -> list[Suspect | Cleared]:

@@ -8,9 +8,12 @@ through the store. It then keeps hosting the store — the ranks' process
 group uses it — until the batch script says the ranks are done (SIGHUP),
 and exits with the attempt's verdict code. SIGTERM (or SIGINT) comes from
 outside instead: scancel, `clusterctl cancel`, the time limit stop every
-process of the job at once, so the ranks that die then are not to blame:
-the rendezvous ends with a verdict that names no culprit, and no blame
-follows (runtime/verdicts.py).
+process of the job at once, so the ranks that die then are not to blame and
+no blame follows (runtime/verdicts.py). A cancel (cancel.json, or Slurm
+cancelling the job) is the attempt's verdict: 89, naming no culprit. Slurm's
+own stop (the time limit, a preemption, a requeue) gives 85, as a requested
+stop does: the recovery step goes on in a new job or lets Slurm's requeue
+continue the run.
 
 With the shared_fs check it writes the attempt's marker in the checkpoint
 directory before any rank starts, and removes it when it exits (the ranks
@@ -36,6 +39,7 @@ ranks stored (clusterctl/rundir/rankmanifest.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gc
 import json
@@ -412,20 +416,35 @@ class Controller:
         return verdict
 
     def give_up_rendezvous(self, arrived: int) -> Verdict:
-        """Stopped from outside before every rank arrived: the ranks are released and no node is blamed."""
-        verdict = Verdict(
-            False, int(ExitCode.RENDEZVOUS_FAILED),
-            f"the job was stopped from outside (scancel, clusterctl cancel or the time limit) before the rendezvous"
-            f" completed: {arrived} of {self.world} ranks had arrived; no node is blamed",
-        )
+        """Stopped from outside before every rank arrived: the ranks are released with the stop's code (a cancel's 89,
+        Slurm's own stop's 85) and no node is blamed."""
+        verdict = self.outside_stop(f" before the rendezvous completed ({arrived} of {self.world} ranks had arrived)")
         self.store.set(registration.VERDICT, json.dumps(verdict.as_dict()))
         return self.keeper.give(verdict)
 
     def stop_from_outside(self) -> None:
-        """SIGTERM or SIGINT: the job is being stopped; end the attempt without blaming the ranks the stop kills."""
-        self.stopped_from_outside = True
+        """SIGTERM or SIGINT: the job is being stopped; end the attempt without blaming the ranks the stop kills.
+
+        What the stop was is asked (outside_stop), not read from the ranks' exits: the batch shell's USR2 relay of
+        the same TERM (whose handler Python may run first) must not wait for a rank's 85 past KillWait. Later
+        signals are ignored: one arriving during shutdown, handlers gone, would kill us and lose the code."""
+        self.stopped_from_outside, self.stop_requested = True, False
         self.keeper.stopped_from_outside()
         self.done.set()
+        with contextlib.suppress(ValueError):  # not the main thread (a test calling it directly): nothing to shield
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+                signal.signal(sig, signal.SIG_IGN)
+
+    def outside_stop(self, when: str = "") -> Verdict:
+        """The stop from outside, naming no culprit: a cancel (89: cancel.json, or Slurm asked as the recovery step
+        asks it, so verdict and history agree) or Slurm's own (85: time limit, preemption, requeue; the run goes on)."""
+        from clusterctl.runtime import nextattempt  # noqa: PLC0415 - only a job stopped from outside needs it
+
+        who = nextattempt.cancelled_by(rundir.RunDir(self.run_dir))
+        end = "cancelled" if who else nextattempt.slurm_end(os.environ.get("SLURM_JOB_ID", ""), True, dict(os.environ))
+        if end == "cancelled":
+            return nextattempt.cancel_verdict(who, when)
+        return Verdict(False, int(ExitCode.PRE_TIMEOUT), f"{nextattempt.SLURM_STOPS[end]}{when}; no node is blamed")
 
     def write_manifest(self, records: dict[int, dict]) -> None:
         """manifest.json, one rank per line (clusterctl/rundir/rankmanifest.py): each judged rank's stored record plus its groups.
@@ -503,9 +522,12 @@ class Controller:
         if self.stop_requested and self._stopped_on_request():
             log("the ranks saved, committed and stopped on request (85); any that srun stopped on their way out are not failures")
             return int(ExitCode.PRE_TIMEOUT)
-        if self.stopped_from_outside:
-            log("the job was stopped from outside: the ranks it stopped are not blamed")
-            return 0
+        if self.stopped_from_outside:  # never 0: "every rank finished" would end the run
+            stop = self.outside_stop()
+            if stop.code == ExitCode.CANCELLED:
+                return self.keeper.give(stop).code
+            log(stop.message)  # Slurm's own stop is no failure: verdict.json keeps the rendezvous's word
+            return stop.code
         final = self.end_verdict()
         return 0 if final is None else self.keeper.give(final).code
 
@@ -530,7 +552,9 @@ class Controller:
             int(r): self.store.get(registration.error_key(int(r))).decode(errors="replace")
             for r in self._listed(registration.ERRORED)
         }
-        return self.response.end_verdict(errors, {r: rec.get("gpu") for r, rec in self.records.items()})
+        returned = registration.parse_returned(self.store.get(registration.RETURNED)) if self.store.check(
+            [registration.RETURNED]) else {}
+        return self.response.end_verdict(errors, {r: rec.get("gpu") for r, rec in self.records.items()}, returned)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,8 @@ attempt whose batch host died, and picks nodes that avoid the run's culprits
 (a requeued job may land on them). `after` runs after every attempt: it
 records the end and how the run goes on (attempts.jsonl `next`), remembers
 culprit nodes as suspects, and submits the continuation job or requeues.
+A cancel is recorded as 89 (CANCELLED) in both, and in verdict.json where
+the controller was killed before it could say so itself.
 Standard library only, besides clusterctl itself: this runs on the batch host.
 """
 
@@ -29,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl import rundir
-from clusterctl.exitcodes import ExitCode
+from clusterctl.exitcodes import ExitCode, meaning
 from clusterctl.rundir import RunDir, history, runjson
 from clusterctl.rundir import verdict as verdictfile
+from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, Verdict
 from clusterctl.runtime.recovery import (
     Decision,
     Ended,
@@ -42,6 +45,7 @@ from clusterctl.runtime.recovery import (
     pick_hosts,
     place_in_domains,
 )
+from clusterctl.runtime.verdicts import VerdictKeeper
 from clusterctl.syntax import hostlist
 
 SLURM_TIMEOUT_S = 20.0  # one sbatch / scontrol call
@@ -78,7 +82,7 @@ def slurm_end(job_id: str, signalled: bool, env: dict[str, str]) -> SlurmEnd:
     has already raised Restarts past this run's SLURM_RESTART_COUNT; a scancel leaves it and shows
     COMPLETING (measured on Slurm 22.05); a signal while still RUNNING is the pre-timeout signal or a
     preemption's warning."""
-    if not signalled:
+    if not signalled or not job_id:
         return "running"
     job = slurm_job(job_id)
     if not job:
@@ -94,6 +98,22 @@ def slurm_end(job_id: str, signalled: bool, env: dict[str, str]) -> SlurmEnd:
     if state in ("COMPLETING", "CANCELLED"):
         return "cancelled"
     return "running"
+
+
+# Slurm's own stops from outside (slurm_end): no cancel, the run goes on (the controller's words for them).
+SLURM_STOPS: dict[str, str] = {
+    "timeout": "Slurm stopped the job at its time limit",
+    "preempted": "Slurm preempted the job",
+    "requeued": "Slurm requeued the job",
+    "running": "the job was stopped from outside while Slurm still runs it (a preemption's warning, say)",
+}
+
+
+def cancel_verdict(who: str, when: str = "") -> Verdict:
+    """The verdict of an attempt a cancel stopped: 89, no culprit. The controller gives it; this step records it
+    where the controller was killed first (a warm process server's step ends with the job and takes it along)."""
+    return Verdict(False, int(ExitCode.CANCELLED),
+                   f"cancelled by {who or history.SCANCEL}: the job was stopped from outside{when}; no node is blamed")
 
 
 def cancelled_by(run: RunDir) -> str:
@@ -151,12 +171,43 @@ def remember(run: RunDir, decision: Decision, ended: Ended, attempt: int) -> Non
 
         drill = (run.attempt(attempt) / layout.DRILL).exists()
         drain = None if drill else _site_drain(run)
-        found = [suspects.Suspect(h, ended.reason or f"exit {ended.code}", ended.code, run.path.name, time.time(), drill)
+        evidence = evidence_by_node(verdictfile.read(run.attempt(attempt)), ended)
+        found = [suspects.Suspect(h, ended.reason or f"exit {ended.code}", ended.code, run.path.name, time.time(), drill,
+                                  evidence.get(h, ""))
                  for h in decision.newly_excluded]
         for line in suspects.record(run.path.parent, found, drain):
             log(line)
     except Exception as exc:  # noqa: BLE001 - remembering suspects must never stop the run going on
         log(f"warning: could not record suspect nodes {', '.join(decision.newly_excluded)}: {exc}")
+
+
+def evidence_by_node(given: Verdict | None, ended: Ended) -> dict[str, str]:
+    """What pointed at each culprit node: its first culprit's evidence word, or `repeated` where the node was blamed
+    for failing again (an ambiguous failure that followed it, a second 84 on node evidence: recovery.blamed)."""
+    again = ended.fault == FAULT_AMBIGUOUS or ended.code == ExitCode.SCRIPT_FAILED
+    found: dict[str, str] = {}
+    for c in given.culprits if given is not None else []:
+        host = c.get("host")
+        if isinstance(host, str) and host not in found:
+            found[host] = "repeated" if again else str(c.get("evidence") or "")
+    return found
+
+
+def vindicate(run: RunDir, hosts: list[str], attempt: int, code: int) -> None:
+    """An attempt that ended well (0, or 85 with its checkpoint) on a suspect node is that node's evidence of health:
+    its blames are forgiven, so later submissions may use it again. Drill blames are left (never avoided anyway)."""
+    if code not in (ExitCode.OK, ExitCode.PRE_TIMEOUT) or not hosts:
+        return
+    try:
+        from clusterctl.rundir import suspects
+
+        root = run.path.parent
+        healthy = [h for h, rec in suspects.nodes(root).items() if h in hosts and rec.cleared is None and not rec.latest.drill]
+        if healthy:
+            suspects.clear(root, healthy, by=f"run {run.path.name} attempt {attempt} ran on it and ended with exit {code}")
+            log(f"suspect {', '.join(healthy)} cleared: attempt {attempt} ran on it and ended with exit {code}")
+    except Exception as exc:  # noqa: BLE001 - forgiving suspects must never stop the run going on
+        log(f"warning: could not clear suspect nodes {', '.join(hosts)}: {exc}")
 
 
 def _site_drain(run: RunDir) -> list[str] | None:
@@ -185,10 +236,10 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
     told = history.read(run)
     who = str(told.cancel_asked.get("by") or "clusterctl cancel") if told.cancel_asked is not None else ""
     if who:
-        history.append(run, history.EVENT_NEXT, attempt=0, job_id=job_id, how=history.NEXT_STOP, exit=0, cancelled_by=who,
-                       reason=f"stopped by {who} before this job started")
+        history.append(run, history.EVENT_NEXT, attempt=0, job_id=job_id, how=history.NEXT_STOP, exit=int(ExitCode.CANCELLED),
+                       cancelled_by=who, reason=f"stopped by {who} before this job started")
         log(f"the run was stopped by {who}: not starting")
-        emit(ACTION="exit", EXIT=0)
+        emit(ACTION="exit", EXIT=int(ExitCode.CANCELLED))
         return 0
     _close_open_attempt(run, told, job_id)
     exclude = told.avoided(run_json.exclude)
@@ -226,34 +277,64 @@ def _close_open_attempt(run: RunDir, told: history.History, job_id: str) -> None
         )
 
 
+def ended_from(code: int, failure: Verdict | None, step: int | None) -> Ended:
+    """The ended attempt as the policy reads it: its code, and its failing verdict's culprits and fault."""
+    if failure is None:
+        return Ended(code, (), step)
+    ranks = tuple(c["rank"] for c in failure.culprits if isinstance(c.get("rank"), int) and not isinstance(c["rank"], bool))
+    return Ended(code, tuple(failure.culprit_hosts()), step, failure.message, failure.fault, ranks,
+                 str(failure.evidence.get("signature") or ""))
+
+
 def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     run_json = runjson.read(run.path) or runjson.RunJson()
     job_id = env.get("SLURM_JOB_ID", "")
     given = verdictfile.read(run.attempt(args.attempt))
     failure = given if given is not None and not given.ok else None
-    ended = Ended(
-        args.code, tuple(failure.culprit_hosts()) if failure else (), committed_step(run, run_json),
-        failure.message if failure else "",
-    )
+    ended = ended_from(args.code, failure, committed_step(run, run_json))
     told = history.read(run)
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
         tuple(told.avoided(run_json.exclude)), slurm_end(job_id, bool(args.signal), env), cancelled_by(run),
         runjson.host_domains(run_json),
     )
-    decision = decide(ended, situation, Policy.from_run(run_json))
+    decision = unless_cancelled(run, decide(ended, situation, Policy.from_run(run_json)))
+    said = ended.reason
+    if decision.cancelled_by and (recorded := record_cancel(run.attempt(args.attempt), given, decision.cancelled_by)):
+        said = recorded.message
     history.append(run, history.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,
-                     committed_step=ended.committed_step, **({"verdict": ended.reason} if ended.reason else {}))
+                     committed_step=ended.committed_step, **({"verdict": said} if said else {}))
+    if decision.record_code != args.code:  # the batch log's "exit C" above is not what the run's history says
+        log(f"attempt {args.attempt} is recorded as exit {decision.record_code} ({meaning(decision.record_code)})")
+    vindicate(run, read_hosts(args.hosts_file), args.attempt, decision.record_code)
     return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal)
 
 
-def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None) -> int:
+def record_cancel(attempt_dir: Path, given: Verdict | None, who: str) -> Verdict | None:
+    """The cancel's verdict in verdict.json where the controller could not give it (killed before it could, or a
+    cancel that came after it named Slurm's stop), so that verdict and history agree; never over one naming culprits."""
+    if given is not None and (given.code == ExitCode.CANCELLED or (not given.ok and given.culprits)):
+        return None
+    if not attempt_dir.is_dir():
+        return None
+    return VerdictKeeper(attempt_dir, log).give(cancel_verdict(who))
+
+
+def unless_cancelled(run: RunDir, d: Decision) -> Decision:
+    """A cancel that came while this step decided stops the run instead of a continuation: recorded as one (89)."""
     who = cancelled_by(run) if d.action == "continue" else ""
-    if who:  # a cancel came while this step decided
-        d.action, d.exit_code, d.reason, d.cancelled_by = "stop", d.record_code, f"stopped: by {who}", who
+    if who:
+        d.action, d.reason, d.cancelled_by = "stop", f"stopped: by {who}", who
+        d.exit_code = d.record_code = int(ExitCode.CANCELLED)
+    return d
+
+
+def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None) -> int:
+    d = unless_cancelled(run, d)  # once more just before submitting: the cancel may have come meanwhile
     common: dict[str, Any] = {
         "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
         "counted": d.counted, "culprit_hosts": list(ended.culprit_hosts), "committed_step": ended.committed_step,
+        "culprit_ranks": list(ended.culprit_ranks), "fault": ended.fault, "signature": ended.signature,
         **({"cancelled_by": d.cancelled_by} if d.cancelled_by else {}),
     }
     remember(run, d, ended, attempt)

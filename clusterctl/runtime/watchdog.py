@@ -20,12 +20,16 @@ Rules (docs/design/watchdog.md says the same):
 * Lost node (86): a node's aggregator vanished without saying goodbye and
   stayed gone for `NODE_LOST_CONFIRM_S`: said at once, rather than when srun
   ends, which on a dead node waits until Slurm declares it down.
-* Straggler (83): over the last `watchdog.window` steps, a rank's median
-  compute time (the part of the step outside collectives) exceeds its peers'
-  median by `watchdog.straggler_factor`, or its own median of an earlier
-  window by that factor and by that factor more than its peers' own changed
-  (a machine-wide slowdown is nobody's straggler) — and stays so for
-  `PERSIST_STEPS` steps, since noise flickers and a slow GPU persists.
+* Straggler (83): runtime/straggler.py's rule, one place: over the last
+  `watchdog.window` steps every rank reported, a rank's compute time at each
+  step is set against its peers' median at that step; its excess, averaged
+  with its most extreme steps left out, must exceed `watchdog.straggler_factor`
+  over its peers and the floors `watchdog.straggler_min_compute_s` and
+  `watchdog.straggler_min_lost_s` (seconds a step) — and the same rank must
+  stay the straggler for `PERSIST_STEPS` steps, since noise flickers and a
+  slow GPU persists. Peers only, within one attempt, after warm-up: a
+  machine-wide slowdown is nobody's straggler, and a rank's own earlier steps
+  are no baseline.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ from typing import Any
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.runjson import WatchdogRecord
-from clusterctl.rundir.verdict import Verdict
+from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, FAULT_NODE, Verdict
+from clusterctl.runtime import straggler
 from clusterctl.runtime.blame import Facts, TaskEnd, lost_node_verdict
+from clusterctl.runtime.straggler import Limits
 
 HANG_MULTIPLE = 5.0
 HANG_FLOOR_S = 3.0
@@ -194,8 +200,8 @@ class Watchdog:
         stalled = now - self.last_progress
         if stalled < timeout:
             return None
-        culprits, reason = self._hang_culprits(now)
-        return self._hang(now, timeout, why, stalled, culprits, reason)
+        culprits, reason, stopped = self._hang_culprits(now)
+        return self._hang(now, timeout, why, stalled, culprits, reason, stopped)
 
     def _silent_before_training(self, now: float) -> Verdict | None:
         """No phases yet (start-up, or a script that reports none): only a rank gone silent is a hang."""
@@ -209,11 +215,15 @@ class Watchdog:
         stalled = now - (silent[0].last_beat or now)
         state = "process stopped" if silent[0].process == "stopped" else "no liveness beat"
         reason = f"{state} for {stalled:.1f} s before any training step, while its peers beat on"
-        return self._hang(now, timeout, "no training step yet (watchdog.hang_timeout)", stalled, silent, reason)
+        return self._hang(now, timeout, "no training step yet (watchdog.hang_timeout)", stalled, silent, reason, True)
 
     def _hang(
-        self, now: float, timeout: float, why: str, stalled: float, culprits: list[RankState], reason: str
+        self, now: float, timeout: float, why: str, stalled: float, culprits: list[RankState], reason: str,
+        stopped: bool,
     ) -> Verdict:
+        """A stopped process, or one whose liveness beat stopped, is its node's evidence; a live rank outside the
+        collective or behind its peers is ambiguous (the script's data, a deadlock of its own, or the node): the
+        restart policy waits to see whether it follows the rank or the node (runtime/recovery.py)."""
         blamed = {c.rank for c in culprits}
         victims = [r for r in self.ranks if r.rank not in blamed]
         evidence = {
@@ -223,6 +233,8 @@ class Watchdog:
             "ranks": {str(r.rank): self._rank_facts(r, now) for r in self.ranks},
         }
         self._add_gpu_evidence(evidence, culprits)
+        if culprits and not stopped:
+            evidence["signature"] = f"hang in {culprits[0].phase} at step {culprits[0].step}"
         if culprits:
             first = culprits[0]
             message = (
@@ -238,12 +250,14 @@ class Watchdog:
             False,
             int(ExitCode.HANG),
             message,
-            [self._entry(r, reason) for r in culprits],
+            [self._entry(r, reason, "stopped" if stopped else "stalled") for r in culprits],
             evidence,
             [self._entry(r, f"waiting in {r.phase} at step {r.step}") for r in victims],
+            fault=FAULT_NODE if stopped and culprits else FAULT_AMBIGUOUS,
         )
 
-    def _hang_culprits(self, now: float) -> tuple[list[RankState], str]:
+    def _hang_culprits(self, now: float) -> tuple[list[RankState], str, bool]:
+        """The ranks a hang is on, why, and whether their processes (or liveness beats) stopped."""
         silent = [
             r
             for r in self.ranks
@@ -255,7 +269,7 @@ class Watchdog:
             first = silent[0]
             state = "process stopped" if first.process == "stopped" else "no liveness beat"
             age = now - (first.last_beat or now)
-            return silent, f"{state}, last heartbeat {age:.1f} s ago in phase {first.phase} at step {first.step}"
+            return silent, f"{state}, last heartbeat {age:.1f} s ago in phase {first.phase} at step {first.step}", True
         waiting = [r for r in self.ranks if r.phase in WAITING_PHASES]
         outside = [r for r in self.ranks if r.phase not in WAITING_PHASES]
         if waiting and outside and len(outside) < len(waiting):
@@ -264,84 +278,75 @@ class Watchdog:
             return outside, (
                 f"never entered the collective its peers wait in: in phase {first.phase} at step {first.step}"
                 f" for {now - (first.phase_since or now):.1f} s"
-            )
+            ), False
         steps = [r.step for r in self.ranks]
         lowest, highest = min(steps), max(steps)
         if lowest < highest:
             behind = [r for r in self.ranks if r.step == lowest]
             if len(behind) < self.world:
-                return behind, f"behind its peers: at step {lowest} in phase {behind[0].phase}, peers at step {highest}"
-        return [], ""
+                return behind, f"behind its peers: at step {lowest} in phase {behind[0].phase}, peers at step {highest}", False
+        return [], "", False
 
     def check_straggler(self) -> Verdict | None:
+        """A rank that loses a steady share of its time against its peers (runtime/straggler.py), for PERSIST_STEPS."""
         s = self.settings
-        recent: dict[int, float] = {}
-        earlier: dict[int, float] = {}
-        for r in self.ranks:
-            samples = [c for _, c in r.compute]
-            usable = samples[WARMUP_STEPS:]
-            if len(usable) < s.window:
-                return None  # every rank needs a full window
-            recent[r.rank] = statistics.median(usable[-s.window :])
-            if len(usable) >= 2 * s.window:
-                earlier[r.rank] = statistics.median(usable[: s.window])
-        worst: tuple[float, int, str] | None = None
-        for rank, mine in recent.items():
-            peers = [v for k, v in recent.items() if k != rank]
-            if peers:
-                base = statistics.median(peers)
-                if base > 0 and mine > s.straggler_factor * base:
-                    ratio = mine / base
-                    why = (
-                        f"median compute time {mine:.3g} s over the last {s.window} steps is {ratio:.2f}x its peers'"
-                        f" median {base:.3g} s (watchdog.straggler_factor {s.straggler_factor:g})"
-                    )
-                    if worst is None or ratio > worst[0]:
-                        worst = (ratio, rank, why)
-            if rank in earlier and earlier[rank] > 0:
-                own = mine / earlier[rank]
-                # Slower than its own past by the factor, and by the factor more than its peers slowed:
-                # a machine-wide slowdown (every rank 1.3x) is nobody's straggler.
-                peer_own = [recent[k] / earlier[k] for k in recent if k != rank and earlier.get(k)]
-                relative = own / statistics.median(peer_own) if peer_own else own
-                if own > s.straggler_factor and relative > s.straggler_factor and (worst is None or own > worst[0]):
-                    worst = (
-                        own,
-                        rank,
-                        f"median compute time {mine:.3g} s over the last {s.window} steps is {own:.2f}x its own"
-                        f" earlier {earlier[rank]:.3g} s (watchdog.straggler_factor {s.straggler_factor:g})",
-                    )
+        limits = Limits(s.straggler_factor, s.straggler_min_compute_s, s.straggler_min_lost_s)
+        series = [list(r.compute)[WARMUP_STEPS:] for r in self.ranks]  # each rank's steps after its warm-up
+        steps = straggler.common_steps(series, s.window)
+        if steps is None:
+            self._suspect = None
+            return None  # every rank needs a full window of its own, and a peer
+        compute = [dict(samples[-2 * s.window :]) for samples in series]
+        found = straggler.standings(compute, steps)
+        worst = straggler.slowest(found, limits)
         if worst is None:
             self._suspect = None
             return None
-        ratio, rank, why = worst
-        culprit = self.ranks[rank]
-        if self._suspect is None or self._suspect[0] != rank:
-            self._suspect = (rank, culprit.step)
+        culprit = self.ranks[worst.rank]
+        if self._suspect is None or self._suspect[0] != worst.rank:
+            self._suspect = (worst.rank, steps[-1])
             return None
-        if culprit.step - self._suspect[1] < PERSIST_STEPS:
+        since = self._suspect[1]
+        newer = [step for step in steps if step > since]
+        if len(newer) < min(PERSIST_STEPS, s.window):
             return None
+        going_on = straggler.confirmed(compute, steps, worst.rank, since, limits)
+        if going_on is None:
+            self._suspect = (worst.rank, steps[-1])  # not losing since: a new span must show it
+            return None
+        peers_lost = max(f.lost_s for f in found if f.rank != worst.rank)
+        why = straggler.describe(worst, s.window, going_on, len(newer), limits, peers_lost)
         evidence: dict[str, Any] = {
             "straggler_factor": s.straggler_factor,
+            "straggler_min_compute_s": s.straggler_min_compute_s,
+            "straggler_min_lost_s": s.straggler_min_lost_s,
             "window": s.window,
-            "ratio": round(ratio, 3),
-            "median_compute_s": {str(k): round(v, 6) for k, v in sorted(recent.items())},
-            "culprit_compute_s": [[step, round(c, 6)] for step, c in list(culprit.compute)[-s.window :]],
+            "trimmed_steps": straggler.trim(s.window),
+            "ratio": round(worst.ratio, 3),
+            "lost_s": {str(f.rank): round(f.lost_s, 6) for f in found},
+            "peers_compute_s": {str(f.rank): round(f.peers_s, 6) for f in found},
+            "culprit_compute_s": [[step, round(compute[worst.rank][step], 6)] for step in steps],
+            "since_step": since,
+            "lost_since_s": round(going_on.lost_s, 6),
             "step": culprit.step,
         }
         self._add_gpu_evidence(evidence, [culprit])
         return Verdict(
             False,
             int(ExitCode.STRAGGLER),
-            f"straggler: rank {rank} on {culprit.node}: {why}",
-            [self._entry(culprit, why)],
+            f"straggler: rank {worst.rank} on {culprit.node}: {why}",
+            [self._entry(culprit, why, "slow")],
             evidence,
-            [self._entry(r, "slowed by the straggler") for r in self.ranks if r.rank != rank],
+            [self._entry(r, "slowed by the straggler") for r in self.ranks if r.rank != worst.rank],
+            fault=FAULT_NODE,
         )
 
     # --- helpers ---------------------------------------------------------------------
-    def _entry(self, r: RankState, reason: str) -> dict[str, Any]:
-        return {"rank": r.rank, "host": r.node, "gpu": r.gpu, "reason": reason}
+    def _entry(self, r: RankState, reason: str, evidence: str = "") -> dict[str, Any]:
+        entry: dict[str, Any] = {"rank": r.rank, "host": r.node, "gpu": r.gpu, "reason": reason}
+        if evidence:
+            entry["evidence"] = evidence  # a culprit's: a word of rundir/verdict.EVIDENCE
+        return entry
 
     def _rank_facts(self, r: RankState, now: float) -> dict[str, Any]:
         return {

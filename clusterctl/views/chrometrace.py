@@ -92,6 +92,7 @@ class _Attempt:
     ranks: dict[int, dict[str, Any]]  # rank -> manifest record (host, gpu)
     verdict: dict[str, Any] | None
     events: list[dict[str, Any]]  # attempts.jsonl events belonging to this attempt
+    cancelled_by: str | None = None  # a cancel stopped it (rundir/history.py): its end reads 89, whatever the event says
     slots: dict[str, int] = field(default_factory=dict)  # host -> slot (first listing wins)
 
     def __post_init__(self) -> None:
@@ -137,13 +138,17 @@ def _culprits(verdict: dict[str, Any]) -> list[str]:
     return out
 
 
-def _event_name(event: dict[str, Any]) -> str:
+def _event_name(event: dict[str, Any], att: _Attempt | None = None) -> str:
+    """The instant's name; an attempt a cancel stopped ends as the run's history tells it (89, who cancelled)."""
     kind = str(event.get("event", "?"))
     attempt = event.get("attempt")
+    by = att.cancelled_by if att is not None and attempt == att.number else None
     if kind == history.EVENT_START:
         return f"attempt {attempt} start"
     if kind == history.EVENT_END:
-        return f"attempt {attempt} end (exit {event.get('exit')})"
+        return f"attempt {attempt} end (exit {event.get('exit') if not by else f'{int(ExitCode.CANCELLED)}: cancelled by {by}'})"
+    if kind == history.EVENT_NEXT and by and event.get("how") == history.NEXT_STOP:
+        return f"run stops: cancelled by {by}"
     if kind == history.EVENT_NEXT:
         how = event.get("how")
         return {
@@ -208,7 +213,8 @@ class Trace:
             mine = [*(told.preamble if attempt is None and index == 0 else []), *found.events]
             given = verdictfile.read(run.attempt(found.number))
             verdict = given.as_dict() if given is not None else None
-            self.attempts.append(_Attempt(found.number, index * self.stride, hosts, _manifest_ranks(manifest), verdict, mine))
+            self.attempts.append(_Attempt(found.number, index * self.stride, hosts, _manifest_ranks(manifest), verdict, mine,
+                                          found.cancelled_by))
         self.origin = self._origin([info for _, info, _ in loaded])
 
     def _origin(self, infos: list[AttemptJson]) -> float:
@@ -268,7 +274,7 @@ class Trace:
                 if when is not None:
                     self._verdict(att, att.verdict, self.us(when))
             for when, event in refined:
-                self._instant(att, _event_name(event), self.us(when), "g", _clean(event))
+                self._instant(att, _event_name(event, att), self.us(when), "g", _clean(event))
             yield self._flush()
 
     def _flush(self) -> list[dict[str, Any]]:

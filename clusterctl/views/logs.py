@@ -124,7 +124,8 @@ def earlier_failures(run: RunDir, shown: list[AttemptInfo], arg: str) -> str | N
     if len(shown) != 1:
         return None
     failed = [a for a in history.read(run).attempts
-              if a.number < shown[0].number and a.exit_code not in (None, 0, ExitCode.PRE_TIMEOUT)]  # 85: a planned stop
+              if a.number < shown[0].number
+              and a.exit_code not in (None, 0, ExitCode.PRE_TIMEOUT, ExitCode.CANCELLED)]  # 85: a planned stop; 89: a cancel
     if not failed:
         return None
     said = "; ".join(f"attempt {a.number} (job {a.job_id}) ended with exit {a.exit_code}: {a.meaning}" for a in failed)

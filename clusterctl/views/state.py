@@ -50,14 +50,15 @@ PENDING = "pending"
 STARTING = "starting"
 TRAINING = "training"
 RESTARTING = "restarting"
+STOPPING = "stopping"  # a verdict that restarts nothing (the script's own error, 88): its ranks are being stopped
 CONTINUED = "continued"
 COMPLETED = "completed"
 FAILED = "failed"
 CANCELLED = "cancelled"
 DRY_RUN = "dry-run"  # rendered and never submitted: `clusterctl requeue` submits it
-STATES = (PENDING, STARTING, TRAINING, RESTARTING, CONTINUED, COMPLETED, FAILED, CANCELLED, DRY_RUN)
+STATES = (PENDING, STARTING, TRAINING, RESTARTING, STOPPING, CONTINUED, COMPLETED, FAILED, CANCELLED, DRY_RUN)
 FINAL = (COMPLETED, FAILED, CANCELLED)
-GOING = (PENDING, STARTING, TRAINING, RESTARTING, CONTINUED)  # the runs plain `status` shows
+GOING = (PENDING, STARTING, TRAINING, RESTARTING, STOPPING, CONTINUED)  # the runs plain `status` shows
 
 
 @dataclass
@@ -275,9 +276,10 @@ def _derive(
     elif h.dry_run:
         value, reason = DRY_RUN, "not submitted (a dry run): clusterctl requeue submits it"
     elif h.stopped:
-        if h.cancelled_by:
-            value = CANCELLED
-            reason = f"cancelled by {h.cancelled_by}" + (f" ({reason})" if reason and not reason.startswith("stopped") else "")
+        if h.cancelled_by or exit_code == ExitCode.CANCELLED:  # a cancelled run has one code, whatever its ranks exited with
+            value, exit_code = CANCELLED, int(ExitCode.CANCELLED)
+            who = f"cancelled by {h.cancelled_by}" if h.cancelled_by else "cancelled"
+            reason = who + (f" ({reason})" if reason and not reason.startswith("stopped") else "")
         elif exit_code == 0:
             value = COMPLETED
         elif exit_code == ExitCode.PRE_TIMEOUT:
@@ -287,9 +289,12 @@ def _derive(
             value = FAILED
     elif job_gone or (info is not None and info.finished):
         slurm = f"{info.state}" if info is not None else "forgotten by the scheduler"
-        if h.cancelled_by or (info is not None and info.state.startswith("CANCELLED")):
-            value = CANCELLED
-            reason = f"cancelled by {h.cancelled_by}" if h.cancelled_by else f"job {shown_job} was cancelled ({slurm})"
+        if h.cancelled_by or exit_code == ExitCode.CANCELLED or (info is not None and info.state.startswith("CANCELLED")):
+            value, exit_code = CANCELLED, int(ExitCode.CANCELLED)
+            who = h.cancelled_by or history.SCANCEL
+            reason = f"cancelled by {who}"
+            if current is not None and current.end is None:  # KillWait ended its batch script before it recorded the end
+                current.exit_code, current.meaning, current.cancelled_by = exit_code, reason, who
         elif h.position == history.ENDED:  # the attempt's end is recorded; the decision after it never was
             value = COMPLETED if exit_code == 0 else FAILED
             reason = (f"attempt {h.current.number if h.current else '?'} ended with exit {exit_code} ({reason or meaning(exit_code)}),"
@@ -310,12 +315,14 @@ def _derive(
             value = CONTINUED if h.position == history.CONTINUED else PENDING
             reason = reason or "waiting for the scheduler"
     elif h.position in (history.RESTARTING, history.ENDED):
-        value = RESTARTING
+        value = STOPPING if h.position == history.ENDED and exit_code == ExitCode.SCRIPT_ERROR else RESTARTING
         number = h.current.number if h.current else "?"
         reason = reason or f"attempt {number} ended with exit {exit_code}: deciding how to go on"
     else:  # running
         given = verdictfile.read(run.attempt(h.current.number)) if h.current else None
-        if given is not None and not given.ok:
+        if given is not None and not given.ok and given.code == ExitCode.SCRIPT_ERROR:  # restarts nothing (recovery.py)
+            value, reason = STOPPING, f"{given.message}: stopping the ranks, then the run"
+        elif given is not None and not given.ok and given.code != ExitCode.CANCELLED:  # a cancel restarts nothing
             value, reason = RESTARTING, f"{given.message}: stopping the ranks"
         elif current is not None and (run.attempt(current.attempt) / layout.METRICS).exists():
             value, reason = TRAINING, ""

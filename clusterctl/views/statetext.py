@@ -6,7 +6,8 @@ ladder and the submitit plugin print the same words.
 
 from __future__ import annotations
 
-from clusterctl.views.state import CANCELLED, COMPLETED, FAILED, RESTARTING, TRAINING, RunState
+from clusterctl.exitcodes import ExitCode
+from clusterctl.views.state import CANCELLED, COMPLETED, FAILED, RESTARTING, STOPPING, TRAINING, RunState
 
 
 def duration(seconds: float | None) -> str:
@@ -37,10 +38,16 @@ def progress(st: RunState) -> str:
 
 
 def culprits(st: RunState) -> str:
-    found = st.attempts[-1].culprits if st.attempts else []
+    """The last attempt's culprits the reason does not name already; a script's error (88) names ranks, not culprits:
+    no node is blamed for it."""
+    last = st.attempts[-1] if st.attempts else None
+    found = last.culprits if last else []
     named = [f"rank {c.get('rank')} on {c.get('host')}" if c.get("rank") is not None else str(c.get("host")) for c in found]
     named = [n for n in named if n not in (st.reason or "")]  # each sentence once: the reason may name them already
-    return "; culprit " + ", ".join(named) if named else ""
+    if not named:
+        return ""
+    script = last is not None and last.exit_code == ExitCode.SCRIPT_ERROR or st.state == STOPPING
+    return ("; raised on " if script else "; culprit ") + ", ".join(named)
 
 
 def status_line(st: RunState) -> str:
@@ -48,5 +55,5 @@ def status_line(st: RunState) -> str:
     attempt = f"attempt {st.attempts[-1].attempt}" if st.attempts else ""
     head = st.state + (f" (exit {st.exit_code})" if st.state in (FAILED, CANCELLED) and st.exit_code not in (None, 0) else "")
     detail = ", ".join(p for p in ((attempt if st.state == TRAINING else ""), progress(st) if st.state == TRAINING else "") if p)
-    reason = st.reason + (culprits(st) if st.state in (FAILED, RESTARTING) else "")
+    reason = st.reason + (culprits(st) if st.state in (FAILED, RESTARTING, STOPPING) else "")
     return f"{head}: " + "; ".join(p for p in (detail, reason) if p) if (detail or reason) else head

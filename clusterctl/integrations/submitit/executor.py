@@ -111,6 +111,7 @@ def submitit_state(state: str) -> str:
         runstate.STARTING: "RUNNING",
         runstate.TRAINING: "RUNNING",
         runstate.RESTARTING: "RUNNING",
+        runstate.STOPPING: "RUNNING",
         runstate.CONTINUED: "REQUEUED",
         runstate.COMPLETED: "COMPLETED",
         runstate.FAILED: "FAILED",

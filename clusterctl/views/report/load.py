@@ -51,6 +51,7 @@ class AttemptData:
     exit_code: int | None = None
     end_reason: str = ""
     meaning: str = ""  # what its end meant (rundir/history.py)
+    cancelled_by: str | None = None  # a cancel stopped it (rundir/history.py: its code is then 89, whatever verdict.json says)
     next_how: str | None = None
     next_time: float | None = None
     next_reason: str = ""
@@ -113,7 +114,7 @@ def _attempts(run: RunDir, notes: list[str]) -> list[AttemptData]:
     found = []
     for h in history.read(run).attempts:
         a = AttemptData(h.number, h.job_id, start=h.start, end=h.end, exit_code=h.exit_code, end_reason=h.end_reason, meaning=h.meaning,
-                        next_how=h.next, next_time=h.next_time, next_reason=h.next_reason)
+                        cancelled_by=h.cancelled_by, next_how=h.next, next_time=h.next_time, next_reason=h.next_reason)
         adir = run.attempt(h.number)
         info = attemptjson.read(adir) or attemptjson.AttemptJson()
         a.hosts = list(info.hosts)

@@ -74,6 +74,11 @@ def _dl(data: Any, depth: int = 0) -> str:
     return _e(_fmt(data))
 
 
+def _status(v: dict[str, Any]) -> str:
+    """ok, failed or cancelled (stats.verdict_summary); a headline from before `status` existed has only `ok`."""
+    return str(v.get("status") or ("ok" if v.get("ok") else "failed"))
+
+
 def _culprits(v: dict[str, Any]) -> str:
     parts = []
     for c in v.get("culprits") or []:
@@ -113,11 +118,11 @@ def render(head: dict[str, Any], state: dict[str, Any] | None, attempts: list[di
     out.append("<h2>Verdicts</h2>")
     if head.get("verdicts"):
         vrows = "".join(
-            f"<tr><td>{v['attempt']}</td><td class={'ok' if v['ok'] else 'bad'}>{'ok' if v['ok'] else 'failed'}</td>"
+            f"<tr><td>{v['attempt']}</td><td class={'bad' if _status(v) == 'failed' else 'ok'}>{_e(_status(v))}</td>"
             f"<td>{_e(_fmt(v.get('code')))}</td><td>{_e(v.get('message'))}</td><td>{_e(_culprits(v))}</td></tr>"
             for v in head["verdicts"]
         )
-        out.append(f"<table><tr><th>attempt</th><th>ok</th><th>code</th><th>message</th><th>culprits</th></tr>{vrows}</table>")
+        out.append(f"<table><tr><th>attempt</th><th>status</th><th>code</th><th>message</th><th>culprits</th></tr>{vrows}</table>")
     else:
         out.append("<p class=note>No verdict.json in any attempt.</p>")
 

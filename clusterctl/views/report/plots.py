@@ -389,8 +389,8 @@ def plot_attempts(plt: Any, data: RunData, fig_data: Figures, path: Path, submit
         bar(y, last, a.end, "ending")
         v = a.verdict or {}
         code = a.exit_code if a.exit_code is not None else v.get("code")
-        failed_verdict = v and not v.get("ok", True)
-        ok = code in (0, 85, None) and not failed_verdict
+        failed_verdict = v and not v.get("ok", True) and code != ExitCode.CANCELLED
+        ok = code in (0, ExitCode.PRE_TIMEOUT, ExitCode.CANCELLED, None) and not failed_verdict  # a planned stop, a cancel
         # Why it ended: a failed verdict's words; else how its history says it ended (a cancel, a pre-timeout
         # stop), never the start-up check's "all ranks registered" of an attempt that was then cancelled.
         words = str(v.get("message") if failed_verdict else (a.meaning or a.end_reason or ("running" if a.end is None else "")))

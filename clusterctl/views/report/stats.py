@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterctl.exitcodes import ExitCode
 from clusterctl.views.report.load import AttemptData, RunData
 from clusterctl.views.report.timeline import CATEGORIES, SAVE, Timeline
 
@@ -240,7 +241,7 @@ def verdict_marks(data: RunData) -> list[VerdictMark]:
     marks = []
     for a in data.attempts:
         v = a.verdict or {}
-        if not v or v.get("ok", True):
+        if not v or v.get("ok", True) or cancelled(a):  # a cancel blames nobody: nothing to mark
             continue
         when = v.get("time") if isinstance(v.get("time"), (int, float)) else a.end
         m = a.metrics
@@ -324,9 +325,23 @@ def headline(data: RunData, fig: Figures) -> dict[str, Any]:
     return out
 
 
+def cancelled(a: AttemptData) -> bool:
+    """A cancel stopped the attempt, as its history says (rundir/history.py decides, for old runs too)."""
+    return bool(a.cancelled_by) or a.exit_code == ExitCode.CANCELLED
+
+
 def verdict_summary(a: AttemptData) -> dict[str, Any]:
+    """One verdict row: `status` is ok, failed or cancelled. A cancelled attempt's row says cancelled with code 89 as
+    its attempts row does, even where an older verdict.json said otherwise (the rendezvous passed: ok; stopped
+    before it: 80): that verdict is quoted in the message."""
     v = a.verdict or {}
     culprits = [{k: c.get(k) for k in ("rank", "host", "gpu", "reason") if k in c}
                 for c in v.get("culprits") or [] if isinstance(c, dict)]
-    return {"attempt": a.number, "ok": bool(v.get("ok", False)), "code": v.get("code"),
-            "message": str(v.get("message") or ""), "culprits": culprits}
+    ok, code, message = bool(v.get("ok", False)), v.get("code"), str(v.get("message") or "")
+    status = "ok" if ok else "failed"
+    if cancelled(a):
+        status = "cancelled"
+        if code != ExitCode.CANCELLED:
+            message = f"{a.meaning} (verdict.json: code {code}, {message})" if message else a.meaning
+            code = int(ExitCode.CANCELLED)
+    return {"attempt": a.number, "ok": ok, "status": status, "code": code, "message": message, "culprits": culprits}

@@ -1,0 +1,158 @@
+"""The straggler rule: the one rank the others wait for, judged from the time it loses over a window (pure).
+
+A verdict excludes a node and starts a new job, so a wrong one costs more
+than a late one. The rule therefore judges the time a rank LOSES, step by
+step, against its peers, and only when that loss is real on three counts:
+
+* It is steady. For each step of the window the rank's compute time is set
+  against its peers' median at the same step, and the rank's excess is
+  averaged over the window with its `trim(window)` largest and smallest
+  excesses left out (a trimmed mean). A rank 1.5x slower on every step, and
+  one that stalls 100 ms on one step in four, both lose a steady share and
+  are found; one spike (a page-in, a garbage collection, a late batch) is
+  left out and is nobody's straggler. A median alone would miss the
+  staller: three steps in four look healthy.
+* It is large against its peers: its compute time a step (the peers' median
+  plus its loss) over the peers' is above `watchdog.straggler_factor`.
+  Peers slowed together (a busy shared node, a slower phase of the
+  script) move the per-step median with them: nobody loses anything.
+* It is large in seconds: the rank computes at least
+  `watchdog.straggler_min_compute_s` a step and loses at least
+  `watchdog.straggler_min_lost_s` a step. Below these floors, timing jitter
+  (the scheduler, the timer, a framework's bookkeeping) makes ratios of
+  3-4x out of nothing: a 0.35 ms step that takes 1.45 ms is noise, not a
+  slow GPU. bench/README.md ("straggler_jitter.py") has the jitter the
+  defaults were set from.
+
+And it goes on: the same rank must stay the straggler for PERSIST_STEPS steps
+(the watchdog counts them), and the steps since it was first named, every
+one counted, must pass the same limits (`confirmed`): a window still holding
+a few spikes, or a spell that has ended, names nobody.
+
+The watchdog (runtime/watchdog.py) feeds it the ranks' compute times after
+warm-up and asks `slowest`, then `confirmed`. Only peers are compared, within one attempt: a rank's
+own earlier steps are no baseline, since a script's own phases and a
+restart's first steps (warm or cold) change every rank's pace.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+TRIM_SHARE = 0.1  # of the window's steps, left out at each end of a rank's excesses: one-off spikes are no steady loss
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a straggler must exceed: the factor over its peers and the two floors (seconds a step)."""
+
+    factor: float
+    min_compute_s: float
+    min_lost_s: float
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One rank over the window: its peers' per-step median, what it lost a step over it, and its compute time."""
+
+    rank: int
+    peers_s: float  # the mean over the window of its peers' median compute time at each step
+    lost_s: float  # its trimmed mean excess over that median, seconds a step (negative: faster)
+
+    @property
+    def compute_s(self) -> float:
+        """Its own compute time a step, its spikes left out."""
+        return self.peers_s + self.lost_s
+
+    @property
+    def ratio(self) -> float:
+        return self.compute_s / self.peers_s if self.peers_s > 0 else float("inf")
+
+
+def trim(window: int) -> int:
+    """Steps left out at each end of a window's excesses: `TRIM_SHARE` of it, at least one, never half."""
+    return min((window - 1) // 2, max(1, int(window * TRIM_SHARE)))
+
+
+def common_steps(series: Sequence[Sequence[tuple[int, float]]], window: int) -> list[int] | None:
+    """The newest `window` steps every rank reported (in the first rank's order), or None while there are fewer."""
+    if len(series) < 2:
+        return None  # one rank alone has nobody waiting for it: no straggler
+    recent = [{step for step, _ in s[-2 * window :]} for s in series]
+    shared = set.intersection(*recent)
+    ordered = [step for step, _ in series[0][-2 * window :] if step in shared]
+    ordered = list(dict.fromkeys(ordered))  # a step reported twice counts once
+    return ordered[-window:] if len(ordered) >= window else None
+
+
+def peer_medians(values: Sequence[float]) -> list[float]:
+    """For each value, the median of all the others (one sort for all of them, not one per rank)."""
+    n = len(values)
+    order = sorted(range(n), key=values.__getitem__)
+    ranked = [values[i] for i in order]
+    low, high = (n - 2) // 2, (n - 1) // 2  # the middle of the n - 1 others
+    out = [0.0] * n
+    for pos, index in enumerate(order):
+        a = ranked[low] if low < pos else ranked[low + 1]
+        b = ranked[high] if high < pos else ranked[high + 1]
+        out[index] = (a + b) / 2
+    return out
+
+
+def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trimmed: int | None = None) -> list[Standing]:
+    """Each rank's standing over `steps` (compute[rank][step]: that rank's compute time at that step), its
+    `trimmed` (default `trim(len(steps))`) largest and smallest excesses left out."""
+    world = len(compute)
+    excess: list[list[float]] = [[] for _ in range(world)]
+    base: list[float] = [0.0] * world
+    for step in steps:
+        values = [compute[r][step] for r in range(world)]
+        for r, median in enumerate(peer_medians(values)):
+            excess[r].append(values[r] - median)
+            base[r] += median
+    k = trim(len(steps)) if trimmed is None else trimmed
+    out = []
+    for r in range(world):
+        kept = sorted(excess[r])[k : len(steps) - k]
+        out.append(Standing(r, base[r] / len(steps), statistics.fmean(kept)))
+    return out
+
+
+def is_straggler(s: Standing, limits: Limits) -> bool:
+    """Past every limit: the floors in seconds and the factor over its peers."""
+    return (
+        s.compute_s >= limits.min_compute_s
+        and s.lost_s >= limits.min_lost_s
+        and s.lost_s > (limits.factor - 1.0) * s.peers_s
+    )
+
+
+def slowest(found: Sequence[Standing], limits: Limits) -> Standing | None:
+    """The straggler that lost the most time a step, or None when no rank is past every limit."""
+    past = [s for s in found if is_straggler(s, limits)]
+    return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
+
+
+def confirmed(
+    compute: Sequence[Mapping[int, float]], steps: Sequence[int], rank: int, since: int, limits: Limits
+) -> Standing | None:
+    """The suspect's standing over the window's steps after `since` (when it was first named), every one counted,
+    when it is past every limit there too: its loss goes on, it did not just happen once in the window."""
+    newer = [step for step in steps if step > since]
+    if not newer:
+        return None
+    found = standings(compute, newer, trimmed=0)[rank]
+    return found if is_straggler(found, limits) else None
+
+
+def describe(s: Standing, window: int, since: Standing, newer: int, limits: Limits, peers_lost_s: float) -> str:
+    """The verdict's reason: what was compared, over which steps, and the limits it passed."""
+    return (
+        f"lost {s.lost_s:.3g} s a step against its peers' median compute time at each of the last {window} steps"
+        f" ({s.compute_s:.3g} s a step against their {s.peers_s:.3g} s: {s.ratio:.2f}x, its {trim(window)} largest"
+        f" and smallest losses left out; its peers lost {peers_lost_s:.3g} s a step at most), and {since.lost_s:.3g} s"
+        f" a step over the {newer} steps since it was first named; past watchdog.straggler_factor {limits.factor:g},"
+        f" straggler_min_compute_s {limits.min_compute_s:g} s and straggler_min_lost_s {limits.min_lost_s:g} s"
+    )
