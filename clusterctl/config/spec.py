@@ -296,12 +296,14 @@ class Restart(Section):
 
 class Watchdog(Section):
     hang_timeout: Seconds = Field(120, description="no progress for this long is a hang")
-    straggler_factor: float = Field(1.5, gt=1.0, description="step time over the peers' median by this factor")
+    straggler_factor: float = Field(
+        1.25, gt=1.0, description="a straggler's compute time a step is over its peers' median by more than this factor"
+    )
     straggler_min_compute_s: float = Field(
-        0.01, ge=0, description="a straggler computes at least this long a step (seconds): below it, ratios are timer jitter"
+        0.02, ge=0, description="a straggler computes at least this long a step (seconds): below it, ratios are timer jitter"
     )
     straggler_min_lost_s: float = Field(
-        0.005, ge=0, description="a straggler loses at least this long a step against its peers (seconds)"
+        0.01, ge=0, description="a straggler loses at least this long a step against its peers (seconds)"
     )
     window: PositiveInt = Field(20, description="steps over which step times are compared")
     save_timeout: Seconds = Field(900, description="a checkpoint save may take this long")

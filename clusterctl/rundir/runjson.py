@@ -100,9 +100,9 @@ class RestartRecord:
 @dataclass(frozen=True)
 class WatchdogRecord:
     hang_timeout: float = 120.0
-    straggler_factor: float = 1.5
-    straggler_min_compute_s: float = 0.01
-    straggler_min_lost_s: float = 0.005
+    straggler_factor: float = 1.25
+    straggler_min_compute_s: float = 0.02
+    straggler_min_lost_s: float = 0.01
     window: int = 20
     save_timeout: float = 900.0
     load_timeout: float = 900.0

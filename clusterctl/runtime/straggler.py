@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 TRIM_SHARE = 0.1  # of the window's steps, left out at each end of a rank's excesses: one-off spikes are no steady loss
 
@@ -69,6 +69,11 @@ class Standing:
     @property
     def ratio(self) -> float:
         return self.compute_s / self.peers_s if self.peers_s > 0 else float("inf")
+
+
+def limits(settings: Any) -> Limits:
+    """The limits a run's watchdog settings set (rundir/runjson.WatchdogRecord, or the spec's section)."""
+    return Limits(settings.straggler_factor, settings.straggler_min_compute_s, settings.straggler_min_lost_s)
 
 
 def trim(window: int) -> int:

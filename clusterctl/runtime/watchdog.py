@@ -44,7 +44,6 @@ from clusterctl.rundir.runjson import WatchdogRecord
 from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, FAULT_NODE, Verdict
 from clusterctl.runtime import straggler
 from clusterctl.runtime.blame import Facts, TaskEnd, lost_node_verdict
-from clusterctl.runtime.straggler import Limits
 
 HANG_MULTIPLE = 5.0
 HANG_FLOOR_S = 3.0
@@ -290,7 +289,7 @@ class Watchdog:
     def check_straggler(self) -> Verdict | None:
         """A rank that loses a steady share of its time against its peers (runtime/straggler.py), for PERSIST_STEPS."""
         s = self.settings
-        limits = Limits(s.straggler_factor, s.straggler_min_compute_s, s.straggler_min_lost_s)
+        limits = straggler.limits(s)
         series = [list(r.compute)[WARMUP_STEPS:] for r in self.ranks]  # each rank's steps after its warm-up
         steps = straggler.common_steps(series, s.window)
         if steps is None:
