@@ -158,7 +158,7 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
     return proc.stdout.strip().split(";")[0]
 
 
-def remember(run: RunDir, decision: Decision, ended: Ended, attempt: int) -> None:
+def remember(run: RunDir, decision: Decision, ended: Ended, attempt: int, given: Verdict | None) -> None:
     """Culprit nodes become suspects of the runs root (excluded by later submissions for a while).
 
     A fault `clusterctl drill` injected (attempt-N/drill.json) is marked so: listed, not avoided
@@ -171,7 +171,7 @@ def remember(run: RunDir, decision: Decision, ended: Ended, attempt: int) -> Non
 
         drill = (run.attempt(attempt) / layout.DRILL).exists()
         drain = None if drill else _site_drain(run)
-        evidence = evidence_by_node(verdictfile.read(run.attempt(attempt)), ended)
+        evidence = evidence_by_node(given, ended)
         found = [suspects.Suspect(h, ended.reason or f"exit {ended.code}", ended.code, run.path.name, time.time(), drill,
                                   evidence.get(h, ""))
                  for h in decision.newly_excluded]
@@ -307,7 +307,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     if decision.record_code != args.code:  # the batch log's "exit C" above is not what the run's history says
         log(f"attempt {args.attempt} is recorded as exit {decision.record_code} ({meaning(decision.record_code)})")
     vindicate(run, read_hosts(args.hosts_file), args.attempt, decision.record_code)
-    return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal)
+    return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal, failure)
 
 
 def record_cancel(attempt_dir: Path, given: Verdict | None, who: str) -> Verdict | None:
@@ -329,7 +329,9 @@ def unless_cancelled(run: RunDir, d: Decision) -> Decision:
     return d
 
 
-def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None) -> int:
+def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None,
+               failure: Verdict | None = None) -> int:
+    """Record how the run goes on and do it; `failure` is the ended attempt's failing verdict (its culprits' evidence)."""
     d = unless_cancelled(run, d)  # once more just before submitting: the cancel may have come meanwhile
     common: dict[str, Any] = {
         "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
@@ -337,7 +339,7 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
         "culprit_ranks": list(ended.culprit_ranks), "fault": ended.fault, "signature": ended.signature,
         **({"cancelled_by": d.cancelled_by} if d.cancelled_by else {}),
     }
-    remember(run, d, ended, attempt)
+    remember(run, d, ended, attempt, failure)
     log(d.reason)
     if d.action == "restart":
         history.append(run, history.EVENT_NEXT, how=history.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)

@@ -46,7 +46,7 @@ def culprits(st: RunState) -> str:
     named = [n for n in named if n not in (st.reason or "")]  # each sentence once: the reason may name them already
     if not named:
         return ""
-    script = last is not None and last.exit_code == ExitCode.SCRIPT_ERROR or st.state == STOPPING
+    script = (last is not None and last.exit_code == ExitCode.SCRIPT_ERROR) or st.state == STOPPING
     return ("; raised on " if script else "; culprit ") + ", ".join(named)
 
 
