@@ -24,13 +24,15 @@ runs root's suspects that no injected fault explains), `recall` (faults found
 with the exact culprit over faults injected), detection latency per fault
 class (`hang_p50_s`, `hang_p90_s`, `kill_p90_s`, `node_loss_p90_s`, from
 the drill's injection to the verdict; `straggler_steps_p50`,
-`straggler_steps_p90`, steps from the slowdown's onset to the verdict) and
+`straggler_steps_p90`, steps from the slowdown's onset to the step at which
+the rule held; `straggler_verdict_steps_p90`, to the newest step reported
+when the verdict landed, up to a node report's second later) and
 `clean_minutes` (training minutes of the clean runs, and `load_minutes`
 of those at load >= 4). `--quick` (a few minutes) runs one scenario of each
 group and of each real-fault class.
 
 Last line: {"false_verdicts", "false_node_blames", "recall", "hang_p50_s",
-"hang_p90_s", "straggler_steps_p50", "straggler_steps_p90", "kill_p90_s",
+"hang_p90_s", "straggler_steps_p50", "straggler_steps_p90", "straggler_verdict_steps_p90", "kill_p90_s",
 "node_loss_p90_s", "clean_minutes", "load_minutes", "scenarios"}.
 """
 
@@ -73,7 +75,8 @@ class Outcome:
     false_blames: list[str] = field(default_factory=list)
     kind: str = ""  # the real fault's class: hang, kill, straggler, node_loss
     found: bool | None = None  # a real fault: found with the exact culprit
-    latency: float | None = None  # seconds (steps for a straggler)
+    latency: float | None = None  # seconds (steps for a straggler: to the step at which the rule held)
+    verdict_steps: float | None = None  # a straggler: steps to the newest one reported when the verdict landed
     note: str = ""
 
 
@@ -284,7 +287,9 @@ def real_fault(lab: Lab, name: str, kind: str, drill_args: list[str], command: l
     if kind == "straggler" and out.found:
         found = verdicts(run)[-1]
         onset = step_at(attempts(run)[0], int(drill_args[1].split(":")[0]), float(report["injected_at"]))
-        out.latency = float(found["evidence"]["step"] - onset)
+        evidence = found["evidence"]
+        out.latency = float(evidence.get("due_step", evidence["step"]) - onset)  # the step the rule held at
+        out.verdict_steps = float(evidence["step"] - onset)  # the newest step reported when the verdict landed
     elif out.found:
         out.latency = float(report.get("seconds") or 0.0)
     cancel(run)
@@ -356,6 +361,7 @@ def figures(outcomes: list[Outcome]) -> dict[str, Any]:
         "hang_p90_s": quantile(by_kind.get("hang", []), 0.9),
         "straggler_steps_p50": quantile(by_kind.get("straggler", []), 0.5),
         "straggler_steps_p90": quantile(by_kind.get("straggler", []), 0.9),
+        "straggler_verdict_steps_p90": quantile([o.verdict_steps for o in real if o.verdict_steps is not None], 0.9),
         "kill_p90_s": quantile(by_kind.get("kill", []), 0.9),
         "node_loss_p90_s": quantile(by_kind.get("node_loss", []), 0.9),
         "clean_minutes": round(sum(o.minutes for o in outcomes if o.group == "clean"), 1),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,37 @@ def test_a_blamed_node_is_remembered_with_what_pointed_at_it(tmp_path: Path, mon
     assert list(found) == ["n2"] and found["n2"].evidence == "stopped"
     listed = json.loads(cli("suspects", "--runs-root", str(tmp_path), "--json").stdout)
     assert [(row["node"], row["evidence"]) for row in listed] == [("n2", "stopped")]
+
+
+def test_a_node_only_a_drill_blamed_returns_in_the_next_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drilled run with no spare left goes on in a new job; the node the drill stopped is healthy, so that job
+    may use it (else a soak of drills runs out of nodes nothing is wrong with). A real fault's node stays out."""
+    from clusterctl.runtime import nextattempt
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sbatch.argv"
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\necho 7\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    hang = {"ok": False, "code": 82, "message": "hang: rank 1 on n2: process stopped", "fault": "node",
+            "culprits": [{"rank": 1, "host": "n2", "gpu": 0, "reason": "process stopped", "evidence": "stopped"}]}
+    for drilled, runs in ((True, tmp_path / "drilled"), (False, tmp_path / "real")):
+        run = runs / "r-after"
+        (run / "attempt-1").mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({"restart": {"budget": 3}}))
+        (run / "attempt-1" / "verdict.json").write_text(json.dumps(hang))
+        if drilled:
+            (run / "attempt-1" / "drill.json").write_text(json.dumps({"fault": "hang", "target": 1}))
+        (run / "hosts").write_text("n1\nn2\n")
+        monkeypatch.setenv("SLURM_JOB_ID", "6")
+        monkeypatch.setenv("SLURM_JOB_NODELIST", "n1,n2")
+        nextattempt.main(["after", "--run-dir", str(run), "--nodes", "2", "--attempt", "1", "--code", "82",
+                          "--srun-exit", "137", "--hosts-file", str(run / "hosts")])
+    drilled_call, real_call = calls.read_text().splitlines()
+    assert "--exclude" not in drilled_call and "--dependency=afterany:6" in drilled_call
+    assert "--exclude=n2" in real_call
+    assert list(suspects.nodes(tmp_path / "drilled")) == ["n2"] and suspects.nodes(tmp_path / "drilled")["n2"].latest.drill
 
 
 def test_the_scripts_own_error_makes_no_suspect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

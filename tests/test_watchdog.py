@@ -372,3 +372,19 @@ def test_a_node_that_died_with_its_aggregator_is_lost_though_its_ranks_were_neve
     verdict = blame_end(facts)
     assert verdict.code == ExitCode.NODE_LOST and [c["rank"] for c in verdict.culprits] == [2, 3]
     assert verdict.evidence["node"] == "n2" and 0 in [v["rank"] for v in verdict.victims]
+
+
+def test_a_straggler_is_named_at_the_step_it_showed_when_its_steps_arrive_in_one_report() -> None:
+    """A node reports its ranks' steps once a second: with short steps one check sees many new ones. The rank must
+    be named from the steps themselves, not a check (a second) later."""
+    wd, t = training(steps=30)
+    assert wd.check(t) is None
+    for step in range(30, 48):  # 18 steps of rank 3 at 1.5x, all in one report
+        t += 1.5
+        for rank in range(4):
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.5,
+                        "compute_s": 1.2 if rank == 3 else 0.8}, t)
+    finding = wd.check(t)
+    assert finding is not None and finding.code == ExitCode.STRAGGLER
+    assert [c["rank"] for c in finding.culprits] == [3]
+    assert finding.evidence["due_step"] <= 47 and finding.evidence["since_step"] < finding.evidence["due_step"]

@@ -158,6 +158,21 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
     return proc.stdout.strip().split(";")[0]
 
 
+def drilled_only(run: RunDir, told: history.History, attempt: int, ended: Ended) -> set[str]:
+    """Nodes that only `clusterctl drill`'s faults blamed in this run (attempt-N/drill.json): healthy by
+    construction. Their allocation avoids them (the drill tests the spare taking their place); a new job takes
+    them back, or a drilled run would run out of nodes that nothing is wrong with."""
+    from clusterctl.rundir import layout
+
+    blames = [(a.number, e.get("culprit_hosts") or []) for a in told.attempts for e in a.events if e.get("event") == "next"]
+    blames.append((attempt, list(ended.culprit_hosts)))
+    drilled: set[str] = set()
+    real: set[str] = set()
+    for number, hosts in blames:
+        (drilled if (run.attempt(number) / layout.DRILL).exists() else real).update(str(h) for h in hosts)
+    return drilled - real
+
+
 def remember(run: RunDir, decision: Decision, ended: Ended, attempt: int, given: Verdict | None) -> None:
     """Culprit nodes become suspects of the runs root (excluded by later submissions for a while).
 
@@ -299,6 +314,9 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
         runjson.host_domains(run_json),
     )
     decision = unless_cancelled(run, decide(ended, situation, Policy.from_run(run_json)))
+    if decision.action == "continue":
+        back = drilled_only(run, told, args.attempt, ended) - set(run_json.exclude)
+        decision.exclude = [h for h in decision.exclude if h not in back]
     said = ended.reason
     if decision.cancelled_by and (recorded := record_cancel(run.attempt(args.attempt), given, decision.cancelled_by)):
         said = recorded.message

@@ -25,7 +25,8 @@ step, against its peers, and only when that loss is real on three counts:
   defaults were set from.
 
 And it goes on: the same rank must stay the straggler for PERSIST_STEPS steps
-(the watchdog counts them), and the steps since it was first named, every
+(counted in its steps from the first window that named it, `named_from`,
+not in the watchdog's checks), and the steps since it was first named, every
 one counted, must pass the same limits (`confirmed`): a window still holding
 a few spikes, or a spell that has ended, names nobody.
 
@@ -81,15 +82,17 @@ def trim(window: int) -> int:
     return min((window - 1) // 2, max(1, int(window * TRIM_SHARE)))
 
 
-def common_steps(series: Sequence[Sequence[tuple[int, float]]], window: int) -> list[int] | None:
-    """The newest `window` steps every rank reported (in the first rank's order), or None while there are fewer."""
+def common_steps(series: Sequence[Sequence[tuple[int, float]]], window: int, earlier: int = 0) -> list[int] | None:
+    """The newest `window` steps every rank reported (in the first rank's order), with up to `earlier` steps
+    before them, or None while there are fewer than `window`."""
     if len(series) < 2:
         return None  # one rank alone has nobody waiting for it: no straggler
-    recent = [{step for step, _ in s[-2 * window :]} for s in series]
+    back = 2 * window + earlier
+    recent = [{step for step, _ in s[-back:]} for s in series]
     shared = set.intersection(*recent)
-    ordered = [step for step, _ in series[0][-2 * window :] if step in shared]
+    ordered = [step for step, _ in series[0][-back:] if step in shared]
     ordered = list(dict.fromkeys(ordered))  # a step reported twice counts once
-    return ordered[-window:] if len(ordered) >= window else None
+    return ordered[-(window + earlier) :] if len(ordered) >= window else None
 
 
 def peer_medians(values: Sequence[float]) -> list[float]:
@@ -138,6 +141,28 @@ def slowest(found: Sequence[Standing], limits: Limits) -> Standing | None:
     """The straggler that lost the most time a step, or None when no rank is past every limit."""
     past = [s for s in found if is_straggler(s, limits)]
     return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
+
+
+def named_from(compute: Sequence[Mapping[int, float]], span: Sequence[int], rank: int, window: int, limits: Limits) -> int:
+    """The step from which `rank` has been past every limit at each step, counted back from the newest: the
+    window ending at that step and at every later one of `span` names it. Persistence is thus counted in the
+    ranks' steps, not in the watchdog's checks: a node reports its ranks' steps once a second, so a check can
+    see many new steps at once, and a straggler shown by them is named at the step it showed, not a check later."""
+    excess, base = [], []
+    for step in span:
+        values = [compute[r][step] for r in range(len(compute))]
+        median = statistics.median(values[:rank] + values[rank + 1 :])
+        excess.append(values[rank] - median)
+        base.append(median)
+    k = trim(window)
+    first = span[-1]
+    for end in range(len(span), window - 1, -1):
+        lo = end - window
+        s = Standing(rank, statistics.fmean(base[lo:end]), statistics.fmean(sorted(excess[lo:end])[k : window - k]))
+        if not is_straggler(s, limits):
+            break
+        first = span[end - 1]
+    return first
 
 
 def confirmed(

@@ -291,11 +291,12 @@ class Watchdog:
         s = self.settings
         limits = straggler.limits(s)
         series = [list(r.compute)[WARMUP_STEPS:] for r in self.ranks]  # each rank's steps after its warm-up
-        steps = straggler.common_steps(series, s.window)
-        if steps is None:
+        span = straggler.common_steps(series, s.window, earlier=s.window)
+        if span is None:
             self._suspect = None
             return None  # every rank needs a full window of its own, and a peer
-        compute = [dict(samples[-2 * s.window :]) for samples in series]
+        steps = span[-s.window :]
+        compute = [dict(samples[-3 * s.window :]) for samples in series]
         found = straggler.standings(compute, steps)
         worst = straggler.slowest(found, limits)
         if worst is None:
@@ -303,8 +304,7 @@ class Watchdog:
             return None
         culprit = self.ranks[worst.rank]
         if self._suspect is None or self._suspect[0] != worst.rank:
-            self._suspect = (worst.rank, steps[-1])
-            return None
+            self._suspect = (worst.rank, straggler.named_from(compute, span, worst.rank, s.window, limits))
         since = self._suspect[1]
         newer = [step for step in steps if step > since]
         if len(newer) < min(PERSIST_STEPS, s.window):
@@ -326,6 +326,7 @@ class Watchdog:
             "peers_compute_s": {str(f.rank): round(f.peers_s, 6) for f in found},
             "culprit_compute_s": [[step, round(compute[worst.rank][step], 6)] for step in steps],
             "since_step": since,
+            "due_step": newer[min(PERSIST_STEPS, s.window) - 1],  # where the rule held: the verdict lands with the node's report
             "lost_since_s": round(going_on.lost_s, 6),
             "step": culprit.step,
         }
