@@ -8,8 +8,9 @@ spec's defaults. Faults are injected from outside with `clusterctl drill`.
 
 * clean runs, where every verdict is false: plain DDP steps of 2 ms, 20 ms,
   200 ms and 1 s, beside one CPU burner and with the machine at load >= 4,
-  the reference trainer, Lightning and Hugging Face, and the clean stretch
-  after a warm restart. Each runs for its minutes, then is cancelled (the
+  the reference trainer, Lightning and Hugging Face, the clean stretch
+  after a warm restart, and the compute check's judgment before training
+  (16 short jobs at load >= 4; 4 with --quick). Each runs for its minutes, then is cancelled (the
   cancel is ours, not a verdict);
 * script faults, where every suspect is false: the same exception on every
   rank, an exception on one rank's data shard, an import error, an argparse
@@ -225,6 +226,24 @@ def clean(lab: Lab, name: str, minutes: float, command: list[str], env: dict[str
     return out
 
 
+def preflight_compute(lab: Lab, runs: int, load: int = 4) -> Outcome:
+    """The compute check's judgment on healthy ranks sharing a busy host's cores: `runs` short jobs with the
+    compute and comm checks, each of whose verdicts (83 before training) would end a healthy attempt."""
+    from clusterctl.config.spec import DEFAULT_PREFLIGHT
+
+    before = len(suspects(lab))
+    out = Outcome(f"compute check at load {load}", "clean", loaded=load >= 4)
+    with burners(load):
+        for _ in range(runs):
+            run = lab.submit(lab.spec("preflight-compute", ["python3", "-c", "pass"],
+                                      preflight={"checks": [*DEFAULT_PREFLIGHT, "compute", "comm"]}))
+            wait_final(run, 300)
+            out.false_verdicts += [v["message"] for v in verdicts(run) if v.get("code") != CANCELLED]
+    out.false_blames = new_blames(lab, before)
+    out.note = f"{runs} jobs checked"
+    return out
+
+
 def plain(step_s: float, steps: int = 100000) -> tuple[list[str], dict[str, str]]:
     return ["python3", str(OWN / "train_ddp.py")], {"STEPS": str(steps), "BUSY_S": str(step_s)}
 
@@ -302,7 +321,7 @@ def real_fault(lab: Lab, name: str, kind: str, drill_args: list[str], command: l
 
 # --- the corpus ---------------------------------------------------------------------------
 def corpus(quick: bool) -> list[tuple[str, Callable[[Lab], Outcome]]]:
-    m = 0.75 if quick else 6.0  # minutes of each clean run
+    m = 0.75 if quick else 4.5  # minutes of each clean run
     trainer = ["python3", "-m", "clusterctl.trainer", "--steps", "100000"]
     faults = str(PROGRAMS / "script_faults.py")
     scenarios: list[tuple[str, Callable[[Lab], Outcome]]] = [
@@ -321,6 +340,7 @@ def corpus(quick: bool) -> list[tuple[str, Callable[[Lab], Outcome]]]:
         ("clean-hf", lambda lab: clean(lab, "clean-hf", m, ["python3", str(OWN / "train_hf.py")],
                                        {"STEPS": "100000", "STEP_S": "0.02"})),
         ("clean-after-restart", lambda lab: after_warm_restart(lab, m)),
+        ("clean-compute-check", lambda lab: preflight_compute(lab, 4 if quick else 16)),
         ("script-every-rank", lambda lab: script_fault(lab, "script-every-rank", ["python3", faults], {"FAULT": "every"})),
         ("script-shard", lambda lab: script_fault(lab, "script-shard", ["python3", faults], {"FAULT": "shard"})),
         ("script-import", lambda lab: script_fault(lab, "script-import", ["python3", "-c", "import no_such_module_here"])),
@@ -334,7 +354,7 @@ def corpus(quick: bool) -> list[tuple[str, Callable[[Lab], Outcome]]]:
         ("real-node", lambda lab: real_fault(lab, "node loss", "node_loss", ["--node", "node2"], *plain(0.05))),
     ]
     if quick:
-        keep = {"clean-20ms", "clean-load4-20ms", "script-every-rank", "script-typo", "real-kill", "real-stop",
+        keep = {"clean-20ms", "clean-load4-20ms", "clean-compute-check", "script-every-rank", "script-typo", "real-kill", "real-stop",
                 "real-slow-50ms", "real-node"}
         scenarios = [s for s in scenarios if s[0] in keep]
     return scenarios

@@ -56,9 +56,10 @@ def test_a_blamed_node_is_remembered_with_what_pointed_at_it(tmp_path: Path, mon
     assert [(row["node"], row["evidence"]) for row in listed] == [("n2", "stopped")]
 
 
-def test_a_node_only_a_drill_blamed_returns_in_the_next_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A drilled run with no spare left goes on in a new job; the node the drill stopped is healthy, so that job
-    may use it (else a soak of drills runs out of nodes nothing is wrong with). A real fault's node stays out."""
+def test_a_node_an_earlier_drill_blamed_returns_in_the_next_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drilled run with no spare left goes on in a new job that avoids the drilled node, as the real fault's
+    would; the node is healthy, so the job after the next drill takes it back (else a soak of drills runs out of
+    nodes nothing is wrong with). Real faults' nodes stay out."""
     from clusterctl.runtime import nextattempt
 
     bin_dir = tmp_path / "bin"
@@ -67,24 +68,30 @@ def test_a_node_only_a_drill_blamed_returns_in_the_next_job(tmp_path: Path, monk
     (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\necho 7\n")
     (bin_dir / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    hang = {"ok": False, "code": 82, "message": "hang: rank 1 on n2: process stopped", "fault": "node",
-            "culprits": [{"rank": 1, "host": "n2", "gpu": 0, "reason": "process stopped", "evidence": "stopped"}]}
+
+    def hang(host: str) -> dict:
+        return {"ok": False, "code": 82, "message": f"hang: rank 1 on {host}: process stopped", "fault": "node",
+                "culprits": [{"rank": 1, "host": host, "gpu": 0, "reason": "process stopped", "evidence": "stopped"}]}
+
     for drilled, runs in ((True, tmp_path / "drilled"), (False, tmp_path / "real")):
         run = runs / "r-after"
-        (run / "attempt-1").mkdir(parents=True)
+        run.mkdir(parents=True)
         (run / "run.json").write_text(json.dumps({"restart": {"budget": 3}}))
-        (run / "attempt-1" / "verdict.json").write_text(json.dumps(hang))
-        if drilled:
-            (run / "attempt-1" / "drill.json").write_text(json.dumps({"fault": "hang", "target": 1}))
-        (run / "hosts").write_text("n1\nn2\n")
-        monkeypatch.setenv("SLURM_JOB_ID", "6")
-        monkeypatch.setenv("SLURM_JOB_NODELIST", "n1,n2")
-        nextattempt.main(["after", "--run-dir", str(run), "--nodes", "2", "--attempt", "1", "--code", "82",
-                          "--srun-exit", "137", "--hosts-file", str(run / "hosts")])
-    drilled_call, real_call = calls.read_text().splitlines()
-    assert "--exclude" not in drilled_call and "--dependency=afterany:6" in drilled_call
-    assert "--exclude=n2" in real_call
-    assert list(suspects.nodes(tmp_path / "drilled")) == ["n2"] and suspects.nodes(tmp_path / "drilled")["n2"].latest.drill
+        for attempt, (job, hosts) in enumerate((("6", ["n1", "n2"]), ("7", ["n1", "n3"])), start=1):
+            (run / f"attempt-{attempt}").mkdir()
+            (run / f"attempt-{attempt}" / "verdict.json").write_text(json.dumps(hang(hosts[1])))
+            if drilled:
+                (run / f"attempt-{attempt}" / "drill.json").write_text(json.dumps({"fault": "hang", "target": 1}))
+            (run / "hosts").write_text("\n".join(hosts) + "\n")
+            monkeypatch.setenv("SLURM_JOB_ID", job)
+            monkeypatch.setenv("SLURM_JOB_NODELIST", ",".join(hosts))
+            nextattempt.main(["after", "--run-dir", str(run), "--nodes", "2", "--attempt", str(attempt), "--code", "82",
+                              "--srun-exit", "137", "--hosts-file", str(run / "hosts")])
+    drilled_first, drilled_second, real_first, real_second = calls.read_text().splitlines()
+    assert "--exclude=n2" in drilled_first and "--dependency=afterany:6" in drilled_first
+    assert "--exclude=n3" in drilled_second and "n2" not in drilled_second
+    assert "--exclude=n2" in real_first and "--exclude=n[2-3]" in real_second
+    assert sorted(suspects.nodes(tmp_path / "drilled")) == ["n2", "n3"] and suspects.nodes(tmp_path / "drilled")["n2"].latest.drill
 
 
 def test_the_scripts_own_error_makes_no_suspect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

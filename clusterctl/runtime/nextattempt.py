@@ -158,19 +158,20 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
     return proc.stdout.strip().split(";")[0]
 
 
-def drilled_only(run: RunDir, told: history.History, attempt: int, ended: Ended) -> set[str]:
-    """Nodes that only `clusterctl drill`'s faults blamed in this run (attempt-N/drill.json): healthy by
-    construction. Their allocation avoids them (the drill tests the spare taking their place); a new job takes
-    them back, or a drilled run would run out of nodes that nothing is wrong with."""
+def drilled_before(run: RunDir, told: history.History, ended: Ended) -> set[str]:
+    """Nodes that only earlier attempts' `clusterctl drill` faults blamed in this run (attempt-N/drill.json):
+    healthy by construction. This attempt's culprits stay out of the next job, as the real fault's would (the
+    drill rehearses that continuation); an earlier drill's come back, or a run drilled again and again would run
+    out of nodes that nothing is wrong with."""
     from clusterctl.rundir import layout
 
-    blames = [(a.number, e.get("culprit_hosts") or []) for a in told.attempts for e in a.events if e.get("event") == "next"]
-    blames.append((attempt, list(ended.culprit_hosts)))
     drilled: set[str] = set()
     real: set[str] = set()
-    for number, hosts in blames:
-        (drilled if (run.attempt(number) / layout.DRILL).exists() else real).update(str(h) for h in hosts)
-    return drilled - real
+    for a in told.attempts:
+        for e in a.events:
+            if e.get("event") == "next":
+                (drilled if (run.attempt(a.number) / layout.DRILL).exists() else real).update(str(h) for h in e.get("culprit_hosts") or [])
+    return drilled - real - set(ended.culprit_hosts)
 
 
 def remember(run: RunDir, decision: Decision, ended: Ended, attempt: int, given: Verdict | None) -> None:
@@ -315,7 +316,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     )
     decision = unless_cancelled(run, decide(ended, situation, Policy.from_run(run_json)))
     if decision.action == "continue":
-        back = drilled_only(run, told, args.attempt, ended) - set(run_json.exclude)
+        back = drilled_before(run, told, ended) - set(run_json.exclude)
         decision.exclude = [h for h in decision.exclude if h not in back]
     said = ended.reason
     if decision.cancelled_by and (recorded := record_cancel(run.attempt(args.attempt), given, decision.cancelled_by)):

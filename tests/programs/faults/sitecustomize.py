@@ -22,8 +22,10 @@ if _kind and os.environ.get("RANK") == _rank and "clusterctl.launch" in getattr(
 
         _matmul = torch.matmul
 
-        def _slow_matmul(*args, **kwargs):
-            time.sleep(0.02)
+        def _slow_matmul(*args, **kwargs):  # a slower device: 20 ms more work per product
+            until = time.thread_time() + 0.02
+            while time.thread_time() < until:
+                pass
             return _matmul(*args, **kwargs)
 
         torch.matmul = _slow_matmul
