@@ -8,8 +8,8 @@ rank, and where the server cannot serve the command starts cold and says
 why. The end-to-end tests run the reference trainer with
 `checkpoint.memory_interval: 1`: a killed rank's restart is forked warm and
 resumes from the newest step every rank holds in memory, with the losses of
-a run that was never interrupted, bitwise (FSDP2 on the local backend, DDP
-on the Slurm test cluster); a lost node's, a hung rank's (the cluster) and a
+a run that was never interrupted, bitwise at 4 ranks (FSDP2 on the local
+backend, DDP on the Slurm test cluster); a lost node's, a hung rank's (the cluster) and a
 straggler's (local) ranks resume on the spare from the replicas their peers
 hold; a server that dies while importing leaves a job
 that runs cold with the reason in every rank's record.
@@ -166,7 +166,8 @@ def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterru
 ) -> None:
     steps = 40
     parallel = "fsdp" if backend == "local" else "ddp"  # FSDP2's sharded state here, DDP's replicas on the cluster
-    memory = {"checkpoint": {"interval": 100, "memory_interval": 1},  # no durable checkpoint before the kill
+    memory = {"gpus_per_node": 2,  # 4 ranks: 2 would sum any bucket layout the same (trainer/buckets.py)
+              "checkpoint": {"interval": 100, "memory_interval": 1},  # no durable checkpoint before the kill
               "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "0",
                           "--step-compute-s", "0.05", "--parallel", parallel]}
     done = submit(backend, tmp_path, "warm-kill", **memory)
@@ -241,8 +242,9 @@ def test_a_lost_nodes_ranks_resume_on_the_spare_from_the_replicas_their_peers_ho
 def test_a_hung_or_slow_rank_is_replaced_by_the_spare_which_resumes_from_its_peers_replica(backend: str, tmp_path: Path) -> None:
     """A hang (82, on the test cluster) or a straggler (83, on the local backend) excludes the culprit's node:
     its ranks restart warm on the spare, from a peer's memory, with the losses of an uninterrupted run."""
-    fault, how, code = ("hang", "1", 82) if backend == "slurm" else ("slow", "1:2", 83)
-    steps, spec = 150, {"spares": 1, "watchdog": {"hang_timeout": "10s"}, "checkpoint": {"interval": 200, "memory_interval": 1}}
+    fault, how, code = ("hang", "3", 82) if backend == "slurm" else ("slow", "3:2", 83)  # rank 3: on hosts[1]
+    steps, spec = 150, {"spares": 1, "gpus_per_node": 2, "watchdog": {"hang_timeout": "10s"},
+                        "checkpoint": {"interval": 200, "memory_interval": 1}}
     done = submit(backend, tmp_path, f"warm-{fault}", steps=steps, **spec)
     run = done.run
     wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)

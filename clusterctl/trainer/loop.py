@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames, rundir
-from clusterctl.trainer import busy
+from clusterctl.trainer import buckets, busy
 from clusterctl.trainer.contract import Contract
 from clusterctl.trainer.data import HELD_OUT_BASE, MarkovTokens, Regression, TokenShards
 from clusterctl.trainer.models import MLP, TinyGPT
@@ -244,6 +244,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     )
     contract.describe(**described(config, world, device))
     start = contract.resume()
+    if buckets.needs_alignment(model, start):  # the resumed step sums in the uninterrupted run's layout
+        buckets.align(model, lambda: loss_of(model, data.batch(list(range(config.micro))), device).backward())
     samples = open(where / f"samples-rank{rank}.jsonl", "a") if config.record_samples else None
     tokens_per_sample = config.seq_len if config.model == "transformer" else 1
     step_times: list[float] = []
@@ -258,7 +260,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 f" ({busy_rate:.1f} units/s, the mean over ranks, calibrated once per run)",
                 flush=True,
             )
-    read_before = 0.0  # the dataset's reading time so far (file-backed data): each step's input wait is the change
+    read_before = data.read_s if config.data_dir else 0.0  # the dataset's reading time so far: each step's input wait is the change
     for step in range(start, config.steps):
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), dtype=torch.float64, device=device)
