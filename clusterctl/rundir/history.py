@@ -109,6 +109,7 @@ class Fault:
     fault: str = ""  # whose fault its verdict said (rundir/verdict.FAULTS); "" before the key was recorded
     ranks: tuple[int, ...] = ()  # its culprits' ranks, primary first
     signature: str = ""  # the primary culprit's error, numbers aside (runtime/errorpatterns.signature)
+    attempt: int = 0  # the attempt it ended
 
 
 @dataclass
@@ -304,7 +305,7 @@ def fold(
                 faults.append(Fault(int(e.get("exit") or 0), tuple(str(x) for x in e.get("culprit_hosts") or ()),
                                     _int(e.get("committed_step")), jobid.native(e.get("job_id")), str(e.get("fault") or ""),
                                     tuple(r for r in e.get("culprit_ranks") or () if isinstance(r, int)),
-                                    str(e.get("signature") or "")))
+                                    str(e.get("signature") or ""), _int(e.get("attempt")) or 0))
             pending_begin = e
             if how == NEXT_ALLOCATION:
                 h.position = RESTARTING

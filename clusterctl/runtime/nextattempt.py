@@ -159,7 +159,7 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
 
 
 def drilled_before(run: RunDir, told: history.History, ended: Ended) -> set[str]:
-    """Nodes that only earlier attempts' `clusterctl drill` faults blamed in this run (attempt-N/drill.json):
+    """Nodes that only earlier attempts' `clusterctl drill` faults blamed (attempt-N/drill.json) since the run's last requeue by hand:
     healthy by construction. This attempt's culprits stay out of the next job, as the real fault's would (the
     drill rehearses that continuation); an earlier drill's come back, or a run drilled again and again would run
     out of nodes that nothing is wrong with."""
@@ -167,10 +167,8 @@ def drilled_before(run: RunDir, told: history.History, ended: Ended) -> set[str]
 
     drilled: set[str] = set()
     real: set[str] = set()
-    for a in told.attempts:
-        for e in a.events:
-            if e.get("event") == "next":
-                (drilled if (run.attempt(a.number) / layout.DRILL).exists() else real).update(str(h) for h in e.get("culprit_hosts") or [])
+    for fault in told.faults:  # the faults that excluded nodes: the counted ones
+        (drilled if (run.attempt(fault.attempt) / layout.DRILL).exists() else real).update(fault.hosts)
     return drilled - real - set(ended.culprit_hosts)
 
 

@@ -29,7 +29,7 @@ import torch
 
 def needs_alignment(model: torch.nn.Module, start_step: int) -> bool:
     """A DDP model resumed past its first step: its buckets are still the first iteration's."""
-    return start_step > 0 and hasattr(model, "reducer") and getattr(model, "require_backward_grad_sync", True)
+    return start_step > 0 and hasattr(model, "reducer")
 
 
 def align(model: torch.nn.Module, forward_backward: Callable[[], Any]) -> None:
