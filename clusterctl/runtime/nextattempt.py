@@ -159,10 +159,10 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
 
 
 def drilled_before(run: RunDir, told: history.History, ended: Ended) -> set[str]:
-    """Nodes that only earlier attempts' `clusterctl drill` faults blamed (attempt-N/drill.json) since the run's last requeue by hand:
-    healthy by construction. This attempt's culprits stay out of the next job, as the real fault's would (the
-    drill rehearses that continuation); an earlier drill's come back, or a run drilled again and again would run
-    out of nodes that nothing is wrong with."""
+    """Nodes that only earlier attempts' `clusterctl drill` faults blamed (attempt-N/drill.json) since the run's
+    last requeue by hand: healthy by construction. This attempt's culprits stay out of the next job, as the real
+    fault's would (the drill rehearses that continuation); an earlier drill's come back, or a run drilled again
+    and again would run out of nodes that nothing is wrong with."""
     from clusterctl.rundir import layout
 
     drilled: set[str] = set()
