@@ -68,7 +68,7 @@ runs_root: $OUT/runs
 command: [python3, -m, clusterctl.trainer, --steps, "200", --eval-interval, "50"]
 qualify: {steps: 40, long_s: 20}
 EOF
-step train 900 "${CLUSTERCTL[@]}" submit "$OUT/job.yaml" --backend local --wait
+step train 300 "${CLUSTERCTL[@]}" submit "$OUT/job.yaml" --backend local --wait
 cat >"$OUT/own.yaml" <<EOF
 name: gpu-own
 site: $OUT/site.yaml
@@ -79,8 +79,8 @@ runs_root: $OUT/runs
 command: [python3, $PWD/examples/own-script/train_ddp.py]
 env: {STEPS: "300", BUSY_S: "0.02"}
 EOF
-step own 300 "${CLUSTERCTL[@]}" submit "$OUT/own.yaml" --backend local --wait
-step qualify 900 "${CLUSTERCTL[@]}" qualify "$OUT/job.yaml" -o "$OUT/qualify" --up-to node --backend local
+step own 150 "${CLUSTERCTL[@]}" submit "$OUT/own.yaml" --backend local --wait
+step qualify 300 "${CLUSTERCTL[@]}" qualify "$OUT/job.yaml" -o "$OUT/qualify" --up-to node --backend local
 cat >"$OUT/warm.yaml" <<EOF
 name: gpu-warm
 site: $OUT/site.yaml
@@ -95,14 +95,14 @@ checkpoint: {interval: 1000, memory_interval: 1}
 runs_root: $OUT/runs
 command: [python3, -m, clusterctl.trainer, --steps, "120", --eval-interval, "0"]
 EOF
-( timeout 600 "${CLUSTERCTL[@]}" submit "$OUT/warm.yaml" --backend local --wait >"$OUT/warm.log" 2>&1; echo $? >"$OUT/warm.rc" ) &
+( timeout 300 "${CLUSTERCTL[@]}" submit "$OUT/warm.yaml" --backend local --wait >"$OUT/warm.log" 2>&1; echo $? >"$OUT/warm.rc" ) &
 WARM_SUBMIT=$!
-for ((i = 0; i < 600; i++)); do  # until the first attempt has done 30 steps
+for ((i = 0; i < 400; i++)); do  # until the first attempt has done 30 steps
     metrics=$(find "$OUT/runs" -path '*gpu-warm-*/attempt-1/metrics.jsonl' 2>/dev/null | head -n 1)
     [[ -n "$metrics" ]] && (($(wc -l <"$metrics") >= 30)) && break
     sleep 0.5
 done
-step warmkill 300 "${CLUSTERCTL[@]}" drill "$(find "$OUT/runs" -maxdepth 1 -name 'gpu-warm-*' | head -n 1)" --kill 0
+step warmkill 120 "${CLUSTERCTL[@]}" drill "$(find "$OUT/runs" -maxdepth 1 -name 'gpu-warm-*' | head -n 1)" --kill 0
 wait "$WARM_SUBMIT"
 
 "$PY" - "$OUT" "$GPUS" <<'EOF'

@@ -168,20 +168,32 @@ def imex_problem(ctx: PreflightContext) -> str | None:
             " gives each job one with SwitchType=switch/nvidia_imex")
 
 
+# NVML fills a structure the caller makes (pynvml passes it on as given): the versioned call first, then the
+# one CUDA 13 deprecates. Each pair: (function, structure).
+FABRIC_CALLS = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"))
+
+
 def _fabric(nvml: Any, query: Callable[..., Any], data: dict[str, Any]) -> None:
     """The GPU's NVLink fabric identity (cluster UUID and clique) in data["fabric"]: GPUs with the same one share a
     multi-node NVLink domain (an NVL72 rack), and the controller compares it across each NVLink-bound group.
     Anything else (no fabric on this GPU, one still registering, an error) goes to data["fabric_state"]."""
-    info = query("fabric_state", "nvmlDeviceGetGpuFabricInfo")
-    if info is None:
+    import ctypes  # noqa: PLC0415 - only where a GPU is checked
+
+    for function, structure in FABRIC_CALLS:
+        if getattr(nvml, function, None) is not None and getattr(nvml, structure, None) is not None:
+            info = getattr(nvml, structure)()
+            if query("fabric_state", function, ctypes.byref(info)) is None:
+                return
+            break
+    else:
+        data["fabric_state"] = UNSUPPORTED
         return
     state, completed = getattr(info, "state", None), getattr(nvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
     if state != completed or getattr(info, "status", 0) != 0:
         data["fabric_state"] = f"not registered (state {state}, status {getattr(info, 'status', None)})"
         return
-    uuid = getattr(info, "clusterUuid", b"")
-    uuid_text = bytes(uuid).hex() if isinstance(uuid, (bytes, bytearray, list, tuple)) else str(uuid)
-    data["fabric"] = f"{uuid_text}/{int(getattr(info, 'cliqueId', 0))}"
+    data["fabric"] = f"{bytes(info.clusterUuid).hex()}/{int(getattr(info, 'cliqueId', 0))}"
 
 
 def fabric_id(checks: list[dict[str, Any]]) -> str | None:
