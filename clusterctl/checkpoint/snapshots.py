@@ -121,7 +121,7 @@ class Staging:
     overlaps the next step's forward and backward; the next optimizer step
     waits for it on the GPU (`before_update`, an optimizer pre-hook), and
     the background writer waits for it before it reads the buffers. The GPU
-    path is unproven until a GPU check has run it (bench/gpu_check.sh).
+    path has run on one GPU (bench/gpu_check.sh's warm restart, bench/README.md).
     """
 
     def __init__(self) -> None:
