@@ -18,6 +18,12 @@ alternately, the median of each side (one pair alone is noise on 2 shared cores)
 * clean + hang: one job trains CLEAN steps (300; 40 with --quick) with no
   verdict allowed, then `drill --hang 1`: seconds from the SIGSTOP to the
   verdict, and the hang timeout the watchdog derived.
+* hang in a save (`hang_in_save_s`): the reference trainer with a model
+  whose durable save takes a second or more (`checkpoint.interval: 10`);
+  once rank 1 reports the `save` phase of its second save it is SIGSTOPped:
+  seconds from the stop to the verdict (target: the step's hang timeout
+  + 1 s, where `watchdog.save_timeout` would wait 900 s), and whether the
+  verdict named rank 1.
 * stragglers: one job each, `drill --slow 2:1.5` and `--slow 2:3` once the
   ranks are past warm-up: steps from the injection to the straggler verdict.
 
@@ -27,7 +33,7 @@ only when a collective times out (NCCL 10 min, gloo 30 min by default).
 
     python bench/detection.py [--quick] [--script trainer|zero-change|contract]
 
-Last line: {"script", "hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps",
+Last line: {"script", "hang_timeout_s", "hang_detect_s", "hang_in_save_s", "hang_in_save_timeout_s", "straggler_1_5x_steps",
 "straggler_3x_steps", "false_verdicts", "clean_steps", "watch_overhead", "watch_ab_overhead"}.
 """
 
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -175,6 +182,46 @@ def clean_then_hang(scratch: Path, clean: int, show: Any, script: str) -> dict[s
     }
 
 
+SAVING_MODEL = {"layers": 4, "hidden": 512, "heads": 8, "vocab": 4096, "ffn": 2048}  # ~20M parameters: a save of seconds
+
+
+def hang_in_save(scratch: Path, show: Any) -> dict[str, Any]:
+    """SIGSTOP rank 1 while it saves a checkpoint: seconds to the verdict, and whom it named."""
+    run = submit(scratch, "hang-in-save", 1000, "trainer", 0.2, checkpoint={"interval": 10, "keep": 1},
+                 model=SAVING_MODEL)
+    attempt = run / "attempt-1"
+    timeline, seen, pid = attempt / "timeline.jsonl", 0, None
+    deadline = time.monotonic() + 600
+    while pid is None and time.monotonic() < deadline:
+        lines = timeline.read_text().splitlines() if timeline.exists() else []
+        for line in lines[seen:]:
+            record = json.loads(line)
+            if (record.get("kind"), record.get("rank"), record.get("phase")) == ("phase", 1, "save") and record["step"] >= 19:
+                pid = json.loads((attempt / "manifest.json").read_text())["ranks"][1]["pid"]
+                break
+        seen = len(lines)
+        time.sleep(0.02)
+    result: dict[str, Any] = {"hang_in_save_s": None, "hang_in_save_timeout_s": None}
+    if pid is None:
+        show("hang in a save: rank 1 never reported its second save")
+        cancel(run)
+        return result
+    stopped = time.time()
+    os.kill(int(pid), signal.SIGSTOP)
+    found = None
+    while found is None and time.time() - stopped < 1000:
+        found = verdict(attempt)
+        time.sleep(0.05)
+    took = time.time() - stopped
+    cancel(run)
+    culprits = [c.get("rank") for c in (found or {}).get("culprits") or []]
+    show(f"hang in a save: {(found or {}).get('message')} ({took:.1f} s after the stop)")
+    if found and culprits == [1]:
+        result.update(hang_in_save_s=round(took, 2),
+                      hang_in_save_timeout_s=found.get("evidence", {}).get("hang_timeout_s"))
+    return result
+
+
 def straggler(scratch: Path, factor: float, show: Any, script: str) -> tuple[int | None, int]:
     run = submit(scratch, f"slow-{factor:g}x", 2000, script)
     attempt = run / "attempt-1"
@@ -198,7 +245,7 @@ def straggler(scratch: Path, factor: float, show: Any, script: str) -> tuple[int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="40 clean steps and the hang only (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="40 clean steps, the hang and the hang in a save (a few minutes)")
     parser.add_argument("--script", choices=("trainer", *SCRIPTS), default="trainer", help="the program the ranks run")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(REPO))
@@ -211,6 +258,7 @@ def main() -> None:
         os.environ["CLUSTERCTL_LOCAL_STATE"] = str(scratch / "local-state")
         result = clean_then_hang(scratch, 40 if args.quick else 300, show, args.script)
         result["straggler_1_5x_steps"] = result["straggler_3x_steps"] = result["watch_ab_overhead"] = None
+        result.update(hang_in_save(scratch, show))
         show(f"watcher: {result['watch_overhead']} of rank 0's step time in its own code")
         if not args.quick:
             for factor, key in ((1.5, "straggler_1_5x_steps"), (3.0, "straggler_3x_steps")):
@@ -229,7 +277,7 @@ def main() -> None:
                     result["watch_ab_overhead"] = round(on / off - 1, 4)
                     show(f"A/B: {off * 1000:.2f} ms a step with watchdog.steps off, {on * 1000:.2f} ms with auto")
     result["script"] = args.script
-    keys = ("script", "hang_timeout_s", "hang_detect_s", "straggler_1_5x_steps", "straggler_3x_steps", "false_verdicts",
+    keys = ("script", "hang_timeout_s", "hang_detect_s", "hang_in_save_s", "hang_in_save_timeout_s", "straggler_1_5x_steps", "straggler_3x_steps", "false_verdicts",
             "clean_steps", "watch_overhead", "watch_ab_overhead")
     print(json.dumps({k: result[k] for k in keys}))
 

@@ -119,6 +119,44 @@ def test_saves_and_evaluations_have_their_own_timeouts() -> None:
     assert wd.check(t + 31).code == ExitCode.HANG
 
 
+@pytest.mark.parametrize("how", ["stopped", "silent"])
+def test_a_rank_stopped_in_a_save_is_judged_at_the_steps_timeout_not_the_saves(how: str) -> None:
+    settings = Settings(hang_timeout=30, save_timeout=900, straggler_factor=1.25, window=20)
+    wd, t = training(steps=10, settings=settings)  # 1 s steps: the step's timeout is 5 s
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "save"}, t)
+    for rank in (0, 1, 3):  # they finish their shards and wait for rank 2's
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "collective"}, t + 0.2)
+    for second in range(1, 10):
+        for rank in (0, 1, 3):
+            wd.observe({"kind": "alive", "rank": rank}, t + second)
+    if how == "stopped":
+        wd.observe_process(2, "stopped", t + 0.5)
+    assert wd.hang_timeout()[0] == 900  # rank 2's save is in force
+    assert wd.check(t + 4.9) is None
+    finding = wd.check(t + 5.3)
+    assert finding is not None and finding.code == ExitCode.HANG, finding
+    assert [c["rank"] for c in finding.culprits] == [2] and finding.fault == "node"
+    assert sorted(v["rank"] for v in finding.victims) == [0, 1, 3]
+    assert "in phase save at step 9" in finding.culprits[0]["reason"]
+    assert finding.evidence["hang_timeout_s"] == 5.0
+
+
+def test_a_slow_save_whose_ranks_all_beat_waits_for_the_saves_timeout() -> None:
+    settings = Settings(hang_timeout=30, save_timeout=60, straggler_factor=1.25, window=20)
+    wd, t = training(steps=10, settings=settings)
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "save"}, t)
+    for rank in (0, 1, 3):
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "collective"}, t + 0.2)
+    for second in range(1, 70):
+        for rank in range(4):
+            if rank != 2 or second % 4 == 0:  # rank 2's interpreter is busy writing: a beat every 4 s
+                wd.observe({"kind": "alive", "rank": rank}, t + second)
+    assert wd.check(t + 59) is None
+    assert wd.check(t + 61) is not None
+
+
 @pytest.mark.parametrize("factor, within", [(1.5, 30), (3.0, 30)])
 def test_a_straggler_is_named_from_its_compute_time(factor: float, within: int) -> None:
     wd, t = training(steps=30, noise=0.05)

@@ -13,7 +13,9 @@ Rules (docs/design/watchdog.md says the same):
   `watchdog.hang_timeout`; during warm-up, an evaluation or before the first
   step it is `watchdog.hang_timeout`; while a rank saves a checkpoint it is
   `watchdog.save_timeout`, and while one loads a checkpoint
-  `watchdog.load_timeout`. The culprit is, in this order: the rank whose
+  `watchdog.load_timeout` — but a rank whose process stopped, or whose
+  liveness beat stayed silent for the step's timeout while its peers beat
+  on, is judged at the step's timeout in every phase. The culprit is, in this order: the rank whose
   process is stopped or whose liveness beat stopped; the rank that never
   entered the collective its peers wait in; the rank behind its peers' step.
   The ranks waiting for it are victims, never culprits.
@@ -173,6 +175,10 @@ class Watchdog:
     # --- rules ---------------------------------------------------------------------
     def hang_timeout(self) -> tuple[float, str]:
         """The no-progress time that makes a hang now, and why that much."""
+        return self._phase_timeout() or self._step_timeout()
+
+    def _phase_timeout(self) -> tuple[float, str] | None:
+        """The configured bound while a live rank saves, loads or evaluates: those may take far longer than a step."""
         s = self.settings
         live = [r for r in self.ranks if r.process != "gone"]
         if any(r.phase == "save" for r in live):
@@ -181,6 +187,10 @@ class Watchdog:
             return s.load_timeout, "a checkpoint is being loaded (watchdog.load_timeout)"
         if any(r.phase == "eval" for r in live):
             return s.hang_timeout, "an evaluation is in progress (watchdog.hang_timeout)"
+        return None
+
+    def _step_timeout(self) -> tuple[float, str]:
+        s = self.settings
         done = sorted(r.steps_done for r in self.ranks)
         if not done or done[len(done) // 2] < WARMUP_STEPS:
             return s.hang_timeout, "warm-up: fewer than 5 steps observed (watchdog.hang_timeout)"
@@ -198,9 +208,35 @@ class Watchdog:
         timeout, why = self.hang_timeout()
         stalled = now - self.last_progress
         if stalled < timeout:
-            return None
+            return self._stopped_in_a_long_phase(now, stalled)
         culprits, reason, stopped = self._hang_culprits(now)
         return self._hang(now, timeout, why, stalled, culprits, reason, stopped)
+
+    def _stopped_in_a_long_phase(self, now: float, stalled: float) -> Verdict | None:
+        """A rank that cannot finish the save (or load, or evaluation) its peers wait for: judged at the step's timeout.
+
+        The long bound is for a save that is slow, not for a process that
+        stopped in it: a stopped process, or a liveness beat silent for the
+        step's timeout while its peers beat on, will never finish, and
+        waiting out watchdog.save_timeout (15 minutes) idles every rank.
+        """
+        if self._phase_timeout() is None:
+            return None
+        timeout, why = self._step_timeout()
+        if stalled < timeout:
+            return None
+        quiet = max(timeout, LIVENESS_TIMEOUT_S)  # a save may hold the interpreter for seconds: a beat silent that long
+        silent = [r for r in self.ranks if r.process != "gone"
+                  and (r.process == "stopped" or (r.last_beat is not None and now - r.last_beat >= quiet))]
+        if not silent or len(silent) == self.world:
+            return None
+        silent.sort(key=lambda r: (r.last_beat or 0.0, r.rank))
+        first = silent[0]
+        state = "process stopped" if first.process == "stopped" else "no liveness beat"
+        reason = (f"{state}, last heartbeat {now - (first.last_beat or now):.1f} s ago in phase {first.phase} at step"
+                  f" {first.step}, while its peers beat on")
+        return self._hang(now, timeout, f"{why}; a rank that stopped in a {first.phase} never finishes it", stalled,
+                          silent, reason, True)
 
     def _silent_before_training(self, now: float) -> Verdict | None:
         """No phases yet (start-up, or a script that reports none): only a rank gone silent is a hang."""
