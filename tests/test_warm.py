@@ -95,6 +95,38 @@ def test_signals_reach_the_child_and_a_killed_client_takes_it_along(server) -> N
              Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z", 10)
 
 
+def test_the_jobs_sigterm_lets_a_forked_child_finish_its_save_before_the_server_goes(server, tmp_path: Path) -> None:
+    """Slurm signals the servers' step with the ranks': the server stays until its child, saving for 1.5 s, ends."""
+    env, proc = server
+    saved = tmp_path / "saved"
+    code = ("import os, signal, sys, time\n"
+            "def stop(*_):\n"
+            "    time.sleep(1.5)\n"  # a save that takes longer than a second
+            f"    open({str(saved)!r}, 'w').write('step 4')\n"
+            "    sys.exit(85)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "print(os.getpid(), flush=True)\n"
+            "time.sleep(60)\n")
+    rank = client(env, code)
+    pid = int(rank.stdout.readline())
+    proc.send_signal(signal.SIGTERM)  # the servers' step and the ranks' are signalled together
+    rank.send_signal(signal.SIGTERM)
+    assert rank.wait(30) == 85, rank.stderr.read()  # the stop's own exit, not the server's death
+    assert saved.read_text() == "step 4"
+    assert proc.wait(10) == 0  # and the server left after its last child
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    assert "the job's SIGTERM: serving 1 child(ren) until they end" in (tmp_path / "server.log").read_text()
+
+
+def test_a_server_with_no_child_leaves_at_once_on_the_jobs_sigterm(server) -> None:
+    _, proc = server
+    wait_for("the server to listen", lambda: subprocess.run(
+        [PY, "-m", "clusterctl.runtime.warm.client", "--", PY, "-c", "pass"], env=server[0], capture_output=True
+    ).returncode == 0, 30)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+
+
 def test_the_injector_checks_a_forked_ranks_token_with_its_server(server) -> None:
     env, _ = server
     child = client({**env, envnames.TOKEN: "right"}, "import os, time; print(os.getpid(), flush=True); time.sleep(60)")

@@ -102,6 +102,7 @@ class Server:
     forked: int = 0
     children: dict[int, Child] = field(default_factory=dict)  # by pid
     conns: dict[int, Child] = field(default_factory=dict)  # by the connection's fd
+    ending: bool = False  # the job's SIGTERM came: serve the children until the last has ended, then go
 
     def __post_init__(self) -> None:
         self.selector = selectors.DefaultSelector()
@@ -141,6 +142,8 @@ class Server:
                 protocol.send(conn, {"ok": bool(child and child.token and child.token == request.get("token"))})
                 return
             why = self.why_cold(request) if len(fds) == protocol.FDS else f"{len(fds)} descriptors, not {protocol.FDS}"
+            if self.ending:
+                why = "the job is ending (the warm process server got its SIGTERM)"
             if why:
                 protocol.send(conn, {"cold": why})
                 return
@@ -229,8 +232,25 @@ class Server:
                     protocol.send(child.conn, message)
                 self.drop(child)
 
+    def end(self) -> None:
+        """The job's SIGTERM (scancel, a preemption, the time limit): stay until every child has ended.
+
+        Slurm signals this step with the ranks' and the controller's, and
+        those were forked from here: their PR_SET_PDEATHSIG would kill them
+        the moment this server exits, in the middle of the save their own
+        SIGTERM asked for. So the server goes on forwarding signals and
+        reaping, and leaves after its last child (or with Slurm's SIGKILL once
+        KillWait is over, which ends the children with it).
+        """
+        self.ending = True  # a signal handler: the loop says so (serve)
+
     def serve(self) -> None:
-        while True:
+        """Until the job's SIGTERM has come and no child is left."""
+        told = False
+        while not (self.ending and not self.children):
+            if self.ending and not told:
+                told = True
+                log(f"the job's SIGTERM: serving {len(self.children)} child(ren) until they end")
             for key, _ in self.selector.select():
                 if key.data == "listen":
                     self.accept()
@@ -273,17 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()  # what the imports made stays shared with every child, never copied by a collection
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
     log(json.dumps({"ready_s": round(time.monotonic() - began, 2), "threads": threads, "not_imported": failed}))
-    def end(*_: object) -> None:  # the job ends: this node's in-memory snapshots go; the children follow (PDEATHSIG)
-        with contextlib.suppress(OSError):
-            os.unlink(marker)
-        if args.run_dir:
-            from clusterctl.checkpoint import snapshots
+    server = Server(listener, start_env)
+    signal.signal(signal.SIGTERM, lambda *_: server.end())
+    server.serve()
+    with contextlib.suppress(OSError):  # the job ends: this node's in-memory snapshots go
+        os.unlink(marker)
+    if args.run_dir:
+        from clusterctl.checkpoint import snapshots
 
-            snapshots.remove_node(snapshots.default_root(), os.path.basename(args.run_dir.rstrip("/")), node())
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, end)
-    Server(listener, start_env).serve()
+        snapshots.remove_node(snapshots.default_root(), os.path.basename(args.run_dir.rstrip("/")), node())
     return 0
 
 
