@@ -473,6 +473,29 @@ def test_cancel_waits_killwait_for_a_batch_shell_that_ignores_sigterm(state: Pat
     assert " ExitCode=0:9 " in show
 
 
+SAVES_ON_TERM = """trap 'echo "batch got TERM" >> batch.txt' TERM
+srun --nodes=2 --ntasks=2 bash -c 'trap "sleep 1.5; echo saved > saved-$SLURM_PROCID; exit 0" TERM
+  touch ready-$SLURM_PROCID; sleep 60 & wait' &
+while true; do wait; done
+"""
+"""A batch script whose step's tasks take 1.5 s to save on SIGTERM (inside KillWait, 2 s): what a rank's stop does."""
+
+
+def test_the_jobs_sigterm_lets_a_steps_tasks_save_within_killwait(state: Path, tmp_path: Path) -> None:
+    """scancel: srun gets the TERM too and says it forces termination, yet its tasks have the job's KillWait (as measured)."""
+    job_id = run("sbatch", "--parsable", str(script(tmp_path, "save.sh", SAVES_ON_TERM, "--nodes=2",
+                                                     "--output=save.out"))).stdout.strip()
+    deadline = time.monotonic() + 15
+    while not all((tmp_path / f"ready-{i}").exists() for i in (0, 1)):
+        assert time.monotonic() < deadline, (tmp_path / "save.out").read_text()
+        time.sleep(0.05)
+    LocalBackend().cancel(job_id)
+    assert finished(job_id).state == "CANCELLED"
+    out = (tmp_path / "save.out").read_text()
+    assert [(tmp_path / f"saved-{i}").exists() for i in (0, 1)] == [True, True], out
+    assert "forcing job termination" in out and (tmp_path / "batch.txt").read_text() == "batch got TERM\n"
+
+
 def test_signal_without_b_goes_to_the_steps_and_the_limit_ends_in_timeout(
     state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,7 +35,8 @@ from clusterctl.rundir import RunDir, history, rankmanifest
 from clusterctl.rundir import verdict as verdictfile
 
 INTERVAL = 10  # checkpoint.interval, steps
-CONTRACT_DDP = Path(__file__).resolve().parents[1] / "examples" / "own-script" / "train_ddp_contract.py"
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACT_DDP = ROOT / "examples" / "own-script" / "train_ddp_contract.py"
 
 
 def submit(backend: str, tmp_path: Path, name: str, steps: int = 60, **extra: Any) -> Submitted:
@@ -264,6 +265,29 @@ def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Pat
     assert (attempt["cancelled_by"], attempt["meaning"], attempt["exit_code"]) == ("scancel", "cancelled by scancel", 89), st
     given = verdictfile.read(run.attempt(1))  # the ranks the cancel stopped are not at fault: no node to exclude
     assert given is not None and given.culprits == [] and given.code == ExitCode.CANCELLED, story(run)
+
+
+def test_scancel_lets_warm_ranks_finish_a_save_of_seconds(backend: str, tmp_path: Path) -> None:
+    """The ranks are forked from the warm servers, whose step Slurm signals with theirs: the servers stay until
+    their ranks have saved (1.5 s, inside KillWait), and the controller's verdict lands (it was 84, nothing saved)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    done = submit(backend, tmp_path, "rec-save", command=["python3", str(ROOT / "tests" / "programs" /
+                                                          "saves_on_sigterm.py"), str(out)])
+    run = done.run
+    wait_for("both ranks stepping", lambda: all((out / f"step-{r}").exists() for r in (0, 1)), run=run)
+    if backend == "slurm":
+        subprocess.run(["scancel", done.job_id], check=True)
+    else:
+        get_backend(backend).cancel(done.job_id)
+    nothing_left(backend, run)
+    saved = {r: (out / f"saved-{r}").read_text() if (out / f"saved-{r}").exists() else None for r in (0, 1)}
+    assert all(saved.values()), (saved, story(run))
+    assert "the job's SIGTERM: serving" in "".join(p.read_text() for p in run.path.glob("warm-*.log"))  # the ranks were its children
+    st = status(run)
+    assert (st["state"], st["exit_code"]) == ("cancelled", ExitCode.CANCELLED), st
+    given = verdictfile.read(run.attempt(1))
+    assert given is not None and given.code == ExitCode.CANCELLED and given.culprits == [], story(run)
 
 
 def test_cancel_while_a_continuation_is_on_its_way_leaves_nothing(backend: str, tmp_path: Path) -> None:

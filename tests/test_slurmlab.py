@@ -157,3 +157,23 @@ def test_default_preflight_passes_the_nic_check_on_the_lab(
         assert (nic["ok"], nic["skipped"]) == (True, False), nic
         assert nic["detail"].startswith(f"NICs on {rank['host']}: lo "), nic
         assert [n["name"] for n in nic["data"]["nics"]] == ["lo"]
+
+
+def test_the_jobs_sigterm_lets_a_steps_tasks_save_within_killwait(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """What the local backend's srun copies (test_local_shims' twin): scancel's TERM reaches srun, which says it forces
+    termination, and the step's tasks still finish a 1.5 s save before KillWait (2 s) is over."""
+    from test_local_shims import SAVES_ON_TERM
+
+    script = write_script(tmp_path / "save.sh", f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --time=2\n{SAVES_ON_TERM}")
+    out = tmp_path / "save.out"
+    job = slurm_lab.sbatch(f"--chdir={tmp_path}", f"--output={out}", str(script))
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"ready-{i}").exists() for i in (0, 1)):
+        assert time.monotonic() < deadline, slurm_lab.show_job(job)
+        time.sleep(0.1)
+    slurm_lab.run(["scancel", str(job)])
+    result = wait_job(slurm_lab, job, timeout=20)
+    assert result.state == "CANCELLED", result
+    text = out.read_text()
+    assert [(tmp_path / f"saved-{i}").exists() for i in (0, 1)] == [True, True], text
+    assert "forcing job termination" in text and (tmp_path / "batch.txt").read_text() == "batch got TERM\n"

@@ -21,7 +21,9 @@ Slurm 22.05 as measured on the test cluster:
 * Signals to srun: USR1, USR2, ALRM, CONT are forwarded to every process of
   the step; TERM, HUP, QUIT force termination (SIGKILL to the step); a first
   INT prints the step's status, a second within a second forwards INT, a third
-  forces termination.
+  forces termination. While the job itself is killed (scancel, the time
+  limit: every process gets SIGCONT+SIGTERM), srun's forced termination has
+  no effect: the tasks have the job's KillWait to end on their own.
 * Exit code: the largest over the tasks of the exit code, or 128+signal for a
   task killed by a signal (also when srun itself had it killed).
 * A node of the step going DOWN (scontrol update NodeName=X State=DOWN):
@@ -336,6 +338,8 @@ class Step:
             if sig == signal.SIGCONT:
                 say("got SIGCONT")
             self.killpg(sig)
+        elif sig in FATAL and self.job_ending():
+            say("forcing job termination")  # Slurm's kill of the job is under way: its KillWait, not srun, decides
         elif sig in FATAL:
             self.force("forcing job termination")
         elif sig == signal.SIGINT:
@@ -349,6 +353,21 @@ class Step:
                 self.killpg(signal.SIGINT)
             else:
                 self.force("forcing job termination")
+
+    def job_ending(self) -> bool:
+        """Whether the job itself is being killed (scancel, its time limit, a requeue): the supervisor says COMPLETING.
+
+        Measured on the test cluster: the job's SIGTERM reaches srun with every
+        task, srun says "forcing job termination", and yet its tasks go on
+        until KillWait's SIGKILL: a rank saving on SIGTERM commits. A TERM sent
+        to srun alone still kills its step at once.
+        """
+        if self.record is None:
+            return False
+        try:
+            return read_json(self.record / "state.json").get("state") == "COMPLETING"
+        except (OSError, ValueError):
+            return False
 
     def check_nodes(self) -> None:
         """A node of the step DOWN: report it; in a --no-kill job kill the step (the job goes on)."""
