@@ -95,6 +95,54 @@ def test_signals_reach_the_child_and_a_killed_client_takes_it_along(server) -> N
              Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z", 10)
 
 
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_ps_names_the_forked_rank_by_its_script_and_rank_and_the_stand_in_as_a_stand_in(server, tmp_path: Path) -> None:
+    """A user looking for rank 3 in `ps` finds the rank, not the server's command line; the stand-in names the rank's pid."""
+    env, _ = server
+    script = tmp_path / "train.py"
+    script.write_text("import os, time; print(os.getpid(), flush=True); time.sleep(60)\n")
+    rank = subprocess.Popen([PY, "-m", "clusterctl.runtime.warm.client", "--", PY, "-m", "clusterctl.launch", "--",
+                             "python3", str(script), "--lr", "0.1"], env={**env, "RANK": "3"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = int(rank.stdout.readline())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+        # As much as the room the server's own command line left (this one's is short: no --run-dir).
+        assert f"clusterctl rank 3: python3 {script} --lr 0.1".startswith(cmdline) and len(cmdline) > 40, cmdline
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == "train.py:3"
+        wait_for("the stand-in's name", lambda: Path(f"/proc/{rank.pid}/comm").read_text().strip() == "stand-in:3", 10)
+        stand_in = Path(f"/proc/{rank.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+        assert stand_in.startswith(f"clusterctl stand-in for rank 3 (the rank is pid {pid} on nodeA): python3 {script}")
+    finally:
+        rank.kill()
+        rank.wait(10)
+
+
+def test_a_stop_sent_to_the_stand_in_stops_the_rank_and_a_continue_continues_it(server, tmp_path: Path) -> None:
+    """SIGSTOP cannot be caught and passed on: the server sees its client stopped and stops the child (it used to run
+    on, finish, and leave a stopped task that srun killed 60 s later: a false 84)."""
+    env, _ = server
+    ticks = tmp_path / "ticks"
+    rank = client(env, f"import os, time\nprint(os.getpid(), flush=True)\nwhile True:\n"
+                       f"    open({str(ticks)!r}, 'a').write('.')\n    time.sleep(0.05)\n")
+    try:
+        pid = int(rank.stdout.readline())
+        rank.send_signal(signal.SIGSTOP)
+        wait_for("the rank to be stopped with its stand-in", lambda: state_of(pid) == "T", 5)
+        seen = ticks.read_text()
+        time.sleep(0.5)
+        assert ticks.read_text() == seen  # it does not run on
+        rank.send_signal(signal.SIGCONT)
+        wait_for("the rank to run again", lambda: len(ticks.read_text()) > len(seen), 5)
+        assert "the stand-in (pid" in (tmp_path / "server.log").read_text()
+    finally:
+        rank.kill()
+        rank.wait(10)
+
+
 def test_the_jobs_sigterm_lets_a_forked_child_finish_its_save_before_the_server_goes(server, tmp_path: Path) -> None:
     """Slurm signals the servers' step with the ranks': the server stays until its child, saving for 1.5 s, ends."""
     env, proc = server

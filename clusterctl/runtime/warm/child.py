@@ -22,6 +22,7 @@ from typing import Any
 
 from clusterctl import envnames
 from clusterctl.runtime import procexit
+from clusterctl.runtime.warm import title
 
 PR_SET_PDEATHSIG = 1
 MPOL_BIND = 2
@@ -114,6 +115,7 @@ def become(request: dict[str, Any], fds: list[int], started: str) -> None:
         adopt_streams(fds, request["env"])
         adopt_environment(request)
         os.environ[envnames.START] = started
+        title.set_names(*title.rank_names(list(request["argv"]), os.environ.get("RANK", "")))
         for problem in adopt_binding(request):
             print(f"clusterctl warm start: {problem}", file=sys.stderr)
         from clusterctl.runtime.launch import run_command

@@ -26,7 +26,7 @@ import time
 
 from clusterctl import envnames
 from clusterctl.runtime.procfs import zombie_status
-from clusterctl.runtime.warm import protocol
+from clusterctl.runtime.warm import protocol, title
 from clusterctl.runtime.warm.protocol import node
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -121,8 +121,8 @@ def start(argv: list[str]) -> tuple[socket.socket, int] | str:
     return sock, int(answer["pid"])
 
 
-def stand_in(sock: socket.socket, pid: int) -> None:
-    """Forward signals to the child until it ends, then end the same way.
+def stand_in(sock: socket.socket, pid: int, argv: list[str]) -> None:
+    """Forward signals to the child until it ends, then end the same way; `ps` calls this process a stand-in.
 
     The server says how the child ended; the child's own end is watched too
     (a pidfd), so a server that never says (stopped, stuck) cannot keep a
@@ -136,6 +136,7 @@ def stand_in(sock: socket.socket, pid: int) -> None:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    title.set_names(*title.stand_in_names(argv, os.environ.get("RANK", ""), pid, node()))
     child = watch_child(pid)
     answer = wait_for_end(sock, pid, child)
     if "killed" in answer:
@@ -204,7 +205,7 @@ def run_warm(argv: list[str]) -> str:
     if isinstance(started, str):
         os.environ[envnames.START] = f"cold: {started}"
         return started
-    stand_in(*started)
+    stand_in(*started, argv)
     return ""  # not reached
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl import envnames
-from clusterctl.runtime.procfs import exited_children
+from clusterctl.runtime.procfs import exited_children, process_state
 from clusterctl.runtime.warm import protocol
 from clusterctl.runtime.warm.protocol import node
 
@@ -63,6 +63,7 @@ FIXED_AT_START = (
     "TORCH_CPP_LOG_LEVEL", "TORCH_LOGS", "TORCH_SHOW_CPP_STACKTRACES", "LD_PRELOAD", "LD_LIBRARY_PATH",
 )
 SO_PEERCRED = getattr(socket, "SO_PEERCRED", 17)
+STOP_POLL_S = 0.25  # how often a child's stand-in is looked at: stopped, or continued
 CRED = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -82,9 +83,10 @@ def preimport(names: list[str]) -> dict[str, str]:
     return failed
 
 
-def peer_uid(conn: socket.socket) -> int:
-    _pid, uid, _gid = CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, CRED.size))
-    return uid
+def peer(conn: socket.socket) -> tuple[int, int]:
+    """The connecting process's pid and uid, as the kernel vouches for them."""
+    pid, uid, _gid = CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, CRED.size))
+    return pid, uid
 
 
 @dataclass
@@ -92,6 +94,8 @@ class Child:
     conn: socket.socket
     pid: int = 0
     token: str = ""
+    client: int = 0  # the stand-in's pid: the process srun tracks, which a user may stop thinking it is the rank
+    stopped: bool = False  # stopped because its stand-in is
     reader: protocol.Reader = field(default_factory=lambda: protocol.Reader())
 
 
@@ -127,7 +131,8 @@ class Server:
     def accept(self) -> None:
         conn, _ = self.listener.accept()
         try:
-            if peer_uid(conn) != os.getuid():
+            client, uid = peer(conn)
+            if uid != os.getuid():
                 conn.close()  # another user's process: never fork for it
                 return
             conn.settimeout(10)
@@ -147,7 +152,7 @@ class Server:
             if why:
                 protocol.send(conn, {"cold": why})
                 return
-            self.fork(conn, request, fds)
+            self.fork(conn, request, fds, client)
             conn = None  # kept: the child's connection
         except OSError as exc:
             log(f"a request failed: {exc}")
@@ -158,7 +163,7 @@ class Server:
             if conn is not None:
                 conn.close()
 
-    def fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+    def fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int], client: int) -> None:
         self.forked += 1
         started = f"warm: forked by pid {os.getpid()} on {node()} (its child {self.forked})"
         for stream in (sys.stdout, sys.stderr):
@@ -169,7 +174,7 @@ class Server:
             from clusterctl.runtime.warm.child import become
 
             become(request, fds, started)  # never returns
-        child = Child(conn, pid, str((request.get("env") or {}).get(envnames.TOKEN, "")))
+        child = Child(conn, pid, str((request.get("env") or {}).get(envnames.TOKEN, "")), client)
         self.children[pid] = child
         self.conns[conn.fileno()] = child
         conn.settimeout(None)  # blocking: it is read only when the selector says so, and what it is sent is small
@@ -232,6 +237,21 @@ class Server:
                     protocol.send(child.conn, message)
                 self.drop(child)
 
+    def follow_stops(self) -> None:
+        """A stand-in stopped (SIGSTOP, SIGTSTP: no handler of its own can pass those on) stops its child, and
+        one continued continues it: a stop sent to what `ps` shows as the script reaches the rank, whose
+        watchdog then judges what it is (a hang), instead of a finished rank's task stopped with nothing to see."""
+        for child in self.children.values():
+            if not child.client:
+                continue
+            stopped = process_state(child.client) == "T"
+            if stopped != child.stopped:
+                child.stopped = stopped
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+                log(f"the stand-in (pid {child.client}) of child {child.pid} was {'stopped' if stopped else 'continued'}:"
+                    f" so is the child")
+
     def end(self) -> None:
         """The job's SIGTERM (scancel, a preemption, the time limit): stay until every child has ended.
 
@@ -251,7 +271,7 @@ class Server:
             if self.ending and not told:
                 told = True
                 log(f"the job's SIGTERM: serving {len(self.children)} child(ren) until they end")
-            for key, _ in self.selector.select():
+            for key, _ in self.selector.select(STOP_POLL_S if self.children else None):
                 if key.data == "listen":
                     self.accept()
                 elif key.data == "wake":
@@ -260,6 +280,7 @@ class Server:
                     child = self.conns.get(key.fd)
                     if child is not None:
                         self.on_message(child)
+            self.follow_stops()
 
 
 def main(argv: list[str] | None = None) -> int:
