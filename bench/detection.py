@@ -123,9 +123,14 @@ def step_at(attempt: Path, rank: int, when: float) -> int:
 
 
 def cancel(run: Path) -> None:
+    """Cancel the run's job and wait for it to end: its ranks write into the scratch folder until then."""
     from clusterctl.backends.local.backend import LocalBackend
 
-    LocalBackend().cancel(str(json.loads((run / "state.json").read_text())["job_id"]))
+    backend, job = LocalBackend(), str(json.loads((run / "state.json").read_text())["job_id"])
+    backend.cancel(job)
+    deadline = time.monotonic() + 60
+    while (info := backend.info(job)) is not None and not info.finished and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def watch_overhead(attempt: Path) -> float | None:

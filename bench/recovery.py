@@ -33,10 +33,16 @@ controller.json, manifest.json = every rank registered, the trainer's
   `cold_resume_s`, `cold_steps_lost`, `warm_vs_cold` (warm / cold resume),
   `*_kill_to_step_s`, and `goodput_16k` (bench/README.md states the model);
   slurm-lab's keys start with `lab_`.
+* preempt (--quick: on the local backend only): the job's SIGTERM (scancel,
+  as a preemption or the time limit sends it) after step 12, with warm ranks
+  and without, a ~10M-parameter model (4 ranks save ~0.5 GB) on 0.05 s
+  steps: `preempt_saved` = {warm, cold, lab_warm, lab_cold: {last_step
+  before the signal, committed step after it (null: nothing saved),
+  signal_to_commit_s}}.
 
 Targets: resume_s <= 10, steps_lost <= checkpoint_interval,
 inalloc_vs_newjob_ratio <= 0.5, ratio_vs_submitit <= 1.0; warm_resume_s <= 3
-on slurm-lab, warm_steps_lost <= 1, warm_vs_cold <= 0.3.
+on slurm-lab, warm_steps_lost <= 1, warm_vs_cold <= 0.3; preempt_saved: warm commits what cold commits.
 
 Each part runs on its own: one that fails (the recovery misbehaving: no
 restart, the wrong kind of restart, the wrong step resumed) prints the run
@@ -44,7 +50,7 @@ directory, attempts.jsonl and the batch log's tail, leaves its figures null,
 records why under "errors", keeps the scratch directory, and the next part
 runs. Every job submitted is cancelled at the end.
 
-    python bench/recovery.py [--quick] [--parts local,inalloc,newjob,pretimeout,submitit,warm,cold] [--keep]
+    python bench/recovery.py [--quick] [--parts local,inalloc,newjob,pretimeout,submitit,warm,cold,preempt] [--keep]
 
 Last line: {"resume_s", "steps_lost", "checkpoint_interval",
 "inalloc_vs_newjob_ratio", "ratio_vs_submitit", ...} (null when not measured).
@@ -384,6 +390,45 @@ def pretimeout_drill(jobs: Jobs, scratch: Path, steps_before: int, show: Show) -
     return {"resume_s": round(resume, 2)}
 
 
+PREEMPT_MODEL = {"layers": 2, "hidden": 512, "heads": 8, "vocab": 4096, "ffn": 2048}  # ~10M parameters: 4 ranks save ~0.5 GB
+PREEMPT_STEP_S = 0.05  # the stop is taken at the next step: a short one leaves KillWait (2 s) to the save
+
+
+def preempt_drill(jobs: Jobs, scratch: Path, name: str, site: str, backend: str, warm: bool, steps_before: int,
+                  show: Show) -> dict[str, Any]:
+    """The job's SIGTERM (scancel, as a preemption or the time limit sends it) once step `steps_before` is done.
+
+    Returns the last step done before the signal and the step committed after
+    it (None: nothing saved), and the seconds from the signal to the commit.
+    """
+    from clusterctl.backends import get_backend
+    from clusterctl.checkpoint.generations import latest_committed
+
+    command = [*spec(name, site, scratch)["command"][:-1], f"{PREEMPT_STEP_S:g}"]
+    run = submit(jobs, scratch, name, site, backend, model=PREEMPT_MODEL, command=command,
+                 restart={"warm": warm}, checkpoint={"interval": 100000, "keep": 1, "memory_interval": 0})
+    attempt = run / "attempt-1"
+    wait_steps(attempt, steps_before, 600, show)
+    (job,) = jobs.ids(run)[:1]
+    signalled = time.time()
+    if backend == "slurm":
+        subprocess.run(["scancel", job], capture_output=True, check=True)
+    else:
+        get_backend(backend).cancel(job)
+    be = get_backend(backend)
+    deadline = time.monotonic() + 60
+    while (info := be.info(job)) is not None and not info.finished and time.monotonic() < deadline:
+        time.sleep(0.2)
+    before = [r["step"] for r in records(attempt / "metrics.jsonl") if isinstance(r.get("step"), int) and r["t"] <= signalled]
+    saved = latest_committed(run / "checkpoints")
+    committed = saved.step if saved else None
+    took = round(float(saved.manifest["created"]) - signalled, 2) if saved else None
+    kind = "warm" if warm else "cold"
+    show(f"preemption ({kind}, {backend}): SIGTERM after step {max(before, default=None)}; committed "
+         f"{committed if committed is not None else 'nothing'}" + (f", {took} s after the signal" if took is not None else ""))
+    return {"last_step": max(before, default=None), "committed": committed, "signal_to_commit_s": took}
+
+
 # --- submitit: the same workload, checkpointed and requeued by submitit --------------
 def submitit_trainer_class() -> type:
     import submitit
@@ -574,7 +619,7 @@ def job_settings(scratch: Path) -> dict[str, Any]:
     return load_json(submit_job(load_job(path), "slurm", dry_run=True).run.run_json) or {}
 
 
-PARTS = ("local", "inalloc", "newjob", "pretimeout", "submitit", "warm", "cold")
+PARTS = ("local", "inalloc", "newjob", "pretimeout", "submitit", "warm", "cold", "preempt")
 WARM = {"restart": {"warm": True}, "checkpoint": {"interval": INTERVAL, "keep": 2, "memory_interval": 1}}
 COLD = {"restart": {"warm": False}, "checkpoint": {"interval": INTERVAL, "keep": 2, "memory_interval": 0}}
 # Goodput of a large job (bench/README.md states the model): Llama 3's 419 interruptions in 54 days on 16,384 GPUs.
@@ -606,11 +651,11 @@ def warm_cold(result: dict[str, Any], warm: dict[str, Any] | None, cold: dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="warm and cold kill drills on the local backend only, killed after step 12 (about 90 s)")
+                        help="warm and cold kill drills and preemptions on the local backend only, after step 12 (about 3 min)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     args = parser.parse_args()
-    parts = set(args.parts.split(",")) if not args.quick else {"warm", "cold"}
+    parts = set(args.parts.split(",")) if not args.quick else {"warm", "cold", "preempt"}
     if parts - set(PARTS):
         parser.error(f"unknown part(s): {', '.join(sorted(parts - set(PARTS)))}")
     os.environ.setdefault("PYTHONPATH", str(REPO))
@@ -659,13 +704,14 @@ def main() -> None:
                                                **COLD))
         if {"warm", "cold"} & parts:
             warm_cold(result, warm, cold)
-        if parts - {"local", "warm", "cold"} or ({"warm", "cold"} & parts and not args.quick):
+        local_parts = {"local", "warm", "cold", "preempt"}  # the local backend's; --quick runs no other
+        if parts - local_parts or ({"warm", "cold", "preempt"} & parts and not args.quick):
             lab_ok = lab_up(show, allow_up=True)
             if lab_ok:
                 show(f"slurm-lab nodes: {lab_nodes()}")
             else:
                 show("slurm-lab: the Slurm test cluster is not up; its figures are null")
-                parts &= {"local", "warm", "cold"}
+                parts &= local_parts
         else:
             lab_ok = False
         if {"warm", "cold"} & parts and not args.quick and lab_ok:
@@ -693,6 +739,15 @@ def main() -> None:
                 show("submitit is not installed (pip install 'clusterctl[submitit]'): ratio_vs_submitit is null")
             else:
                 theirs = part("submitit", lambda: submitit_drill(jobs, scratch, job_settings(scratch), kill_at, show))
+        preempt = {kind: part("preempt", lambda kind=kind: preempt_drill(
+            jobs, scratch, f"local-preempt-{kind}", "local", "local", kind == "warm", kill_at, show))
+            for kind in ("warm", "cold")}
+        if lab_ok and not args.quick:
+            preempt.update({f"lab_{kind}": part("preempt", lambda kind=kind: preempt_drill(
+                jobs, scratch, f"lab-preempt-{kind}", "slurm-lab", "slurm", kind == "warm", kill_at, show))
+                for kind in ("warm", "cold")})
+        if "preempt" in parts:
+            result["preempt_saved"] = preempt
         if ours:
             result["pretimeout_resume_s"] = ours["resume_s"]
         if theirs:
