@@ -9,6 +9,7 @@ srun --overlap on the real Slurm test cluster, as the drill does there.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -193,6 +194,27 @@ def test_slow_waits_for_registration_and_stops_the_injector(make_run: Callable[.
     assert not [line for line in os.popen("ps -eo args").read().splitlines() if f"--pid {run.procs[0].pid}" in line]
 
 
+def test_slow_with_a_period_stalls_the_rank_for_longer_than_a_step(make_run: Callable[..., FakeRun]) -> None:
+    """--slow RANK:FACTOR:PERIOD: stalls, not a steady slowdown (2:1 stops the rank 0.5 s of every second)."""
+    run = make_run()
+    seen: list[str] = []
+
+    def sample_then_judge() -> None:
+        for _ in range(75):  # 1.5 s
+            seen.append(process_state(run.procs[0].pid))
+            time.sleep(0.02)
+        run.verdict(83, [{"rank": 0, "host": "node1", "reason": "slow"}])
+
+    run.after(lambda: process_state(run.procs[0].pid) == "T", sample_then_judge)
+    result = drill(str(run.path), "--slow", "0:2:1", "--timeout", "20")
+    assert result.exit_code == 0, result.output
+    assert "slow rank 0 by 2x, stopped 0.5 s of every 1 s" in result.stdout
+    longest = max((len(list(run_)) for state, run_ in itertools.groupby(seen) if state == "T"), default=0)
+    assert 0.3 <= longest * 0.02 <= 0.8, seen  # one stall of about 0.5 s, not 0.1 s cycles
+    time.sleep(0.3)
+    assert process_state(run.procs[0].pid) in ("S", "R")
+
+
 def test_node_loss_kills_that_nodes_processes(make_run: Callable[..., FakeRun]) -> None:
     run = make_run(job_id=f"9{secrets.randbelow(10**8)}")
     run.after(run.dead(1), lambda: run.verdict(86, [{"rank": 1, "host": "node2", "reason": "node lost"}]))
@@ -239,10 +261,13 @@ def test_a_rank_not_in_the_manifest_is_a_clear_error(make_run: Callable[..., Fak
     assert "rank 7 is not in attempt 1" in result.output and "valid ranks are 0-1" in result.output
     assert "Traceback" not in result.output
     assert run.procs[0].poll() is None and run.procs[1].poll() is None
-    for args in (["--kill", "1", "--hang", "0"], ["--slow", "1:0.5"], ["--slow", "x"], []):
+    for args in (["--kill", "1", "--hang", "0"], ["--slow", "1:0.5"], ["--slow", "x"], ["--slow", "1:2:0"],
+                 ["--slow", "1:2:nan"], ["--slow", "1:2:0.3:4"], []):
         result = drill(str(run.path), *args)
         assert result.exit_code == ExitCode.USAGE, (args, result.output)
         assert "Traceback" not in result.output
+        if args[:1] == ["--slow"]:
+            assert f"got '{args[1]}'" in result.output and "RANK:FACTOR[:PERIOD]" in result.output, result.output
     result = drill(str(run.path), "--node", "node9")
     assert result.exit_code == ExitCode.USAGE and "node1, node2" in result.output
 

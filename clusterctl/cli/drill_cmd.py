@@ -78,7 +78,8 @@ def register(app: typer.Typer) -> None:
         run: RunArg,
         hang: Annotated[Optional[int], typer.Option("--hang", metavar="RANK", help="SIGSTOP a rank")] = None,
         slow: Annotated[
-            Optional[str], typer.Option("--slow", metavar="RANK:FACTOR", help="run a rank FACTOR times slower")
+            Optional[str], typer.Option("--slow", metavar="RANK:FACTOR[:PERIOD]",
+                                        help="run a rank FACTOR times slower, stopped in cycles of PERIOD s (0.1)")
         ] = None,
         kill: Annotated[Optional[int], typer.Option("--kill", metavar="RANK", help="SIGKILL a rank")] = None,
         node: Annotated[
@@ -100,14 +101,15 @@ def register(app: typer.Typer) -> None:
         """
         if where := remote_target(remote):
             run_there(where, ctx)
-        fault, target, factor = choose_fault(hang, slow, kill, node, pre_timeout)
+        fault, target, factor, period = choose_fault(hang, slow, kill, node, pre_timeout)
         if not timeout > 0:
             raise ClusterctlError(f"--timeout must be positive, got {timeout:g}", ExitCode.USAGE)
         path = resolve_run(run, root)
         console = out_console()
         show: Callable[[str], None] = (lambda _line: None) if as_json else (lambda line: console.print(line))
         with _sigterm_interrupts():
-            report = run_drill(path, fault, target, factor, timeout, show, warn=lambda line: err_console.print(line))
+            report = run_drill(path, fault, target, factor, timeout, show, warn=lambda line: err_console.print(line),
+                               period=period)
         if as_json:
             typer.echo(json.dumps({k: v for k, v in report.items() if k != "what"}))
         else:

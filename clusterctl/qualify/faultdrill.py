@@ -321,40 +321,47 @@ def passed(report: dict[str, Any]) -> bool:
 # --- the drill --------------------------------------------------------------------
 
 
-def parse_slow(text: str) -> tuple[int, float]:
-    rank, sep, factor = text.partition(":")
+SLOW_PERIOD_S = 0.1  # the injector's default cycle: a steady slowdown on every step of 0.1 s or longer
+
+
+def parse_slow(text: str) -> tuple[int, float, float]:
+    """RANK:FACTOR[:PERIOD]: the rank runs 1/FACTOR of each PERIOD seconds (0.1 by default: a steady slowdown;
+    longer, stalls: 1.5:0.3 stops it 0.1 s of every 0.3 s, which on 20 ms steps stalls one step in ten)."""
+    parts = text.split(":")
     try:
-        r, f = int(rank), float(factor)
-    except ValueError:
-        r, f = -1, 0.0
-    if not sep or r < 0 or not f > 1.0 or f != f or f == float("inf"):
+        r, f = int(parts[0]), float(parts[1])
+        period = float(parts[2]) if len(parts) == 3 else SLOW_PERIOD_S
+    except (ValueError, IndexError):
+        r, f, period = -1, 0.0, 0.0
+    if len(parts) not in (2, 3) or r < 0 or not 1.0 < f < float("inf") or not 0.0 < period <= 3600.0:
         raise ClusterctlError(
-            f"--slow takes RANK:FACTOR with a factor above 1 (e.g. --slow 3:2 runs rank 3 at half speed), got {text!r}",
+            "--slow takes RANK:FACTOR[:PERIOD] with a factor above 1 and a period of seconds in (0, 3600]"
+            f" (e.g. --slow 3:2 runs rank 3 at half speed, --slow 3:1.5:0.3 stops it 0.1 s of every 0.3 s), got {text!r}",
             ExitCode.USAGE,
         )
-    return r, f
+    return r, f, period
 
 
 def choose_fault(
     hang: int | None = None, slow: str | None = None, kill: int | None = None, node: str | None = None,
     pre_timeout: bool = False,
-) -> tuple[str, Any, float | None]:
-    """The one fault asked for, as (fault, target, factor): `run_drill`'s arguments, checked before anything is done."""
+) -> tuple[str, Any, float | None, float | None]:
+    """The one fault asked for, as (fault, target, factor, period): `run_drill`'s arguments, checked before anything
+    is done."""
     given = [(n, v) for n, v in (("hang", hang), ("slow", slow), ("kill", kill), ("node", node)) if v is not None]
     if pre_timeout:
         given.append(("pre-timeout", None))
     if len(given) != 1:
         raise ClusterctlError(
-            "give exactly one fault: --hang RANK, --slow RANK:FACTOR, --kill RANK, --node NODE or --pre-timeout",
+            "give exactly one fault: --hang RANK, --slow RANK:FACTOR[:PERIOD], --kill RANK, --node NODE or --pre-timeout",
             ExitCode.USAGE,
         )
     fault, value = given[0]
     if fault == "slow":
-        rank, factor = parse_slow(str(value))
-        return fault, rank, factor
+        return (fault, *parse_slow(str(value)))
     if fault in ("hang", "kill") and int(value) < 0:
         raise ClusterctlError(f"--{fault} takes a rank (0 or more), got {value}", ExitCode.USAGE)
-    return fault, value, None
+    return fault, value, None, None
 
 
 def _rank_record(attempt: Attempt, rank: int, run: RunDir) -> dict[str, Any]:
@@ -409,6 +416,7 @@ def run_drill(
     timeout: float,
     show: Callable[[str], None],
     warn: Callable[[str], None],
+    period: float | None = None,
 ) -> dict[str, Any]:
     """Drill one fault (from `choose_fault`) into the run's current attempt and judge the outcome.
 
@@ -431,7 +439,8 @@ def run_drill(
     injector = Injector(backend, attempt.job_id or jobid.native(state.get("job_id")), node_python(run), attempt.token)
     injector.check()
     # Said before the fault lands: the recovery step marks this attempt's culprits as a drill's suspects.
-    write_json_atomic(attempt.path / rundir.DRILL, {"fault": fault, "target": target, "factor": factor, "time": time.time()})
+    write_json_atomic(attempt.path / rundir.DRILL, {"fault": fault, "target": target, "factor": factor, "period": period,
+                                                     "time": time.time()})
     background: Background | None = None
     victim: tuple[str, list[str]] | None = None  # host and --pid of a rank to continue at the end
     try:
@@ -441,9 +450,12 @@ def run_drill(
             who = ["--pid", str(pid)]  # the token goes in the injector's environment, out of `ps`
             what = f"{fault} rank {target} (pid {pid} on {host})"
             if fault == "slow":
-                what = f"slow rank {target} by {factor:g}x (pid {pid} on {host})"
+                cycle = period or SLOW_PERIOD_S
+                stalls = f", stopped {cycle * (1 - 1 / factor):.3g} s of every {cycle:g} s" if period else ""
+                what = f"slow rank {target} by {factor:g}x{stalls} (pid {pid} on {host})"
                 background = injector.start(
-                    host, [*who, "--slow", str(factor), "--for", str(timeout + 60), "--stop-on-eof"]
+                    host, [*who, "--slow", str(factor), "--period", str(cycle), "--for", str(timeout + 60),
+                           "--stop-on-eof"]
                 )
                 injected_at = float(last_json(background.lines[-1])["time"])  # type: ignore[index]
                 victim = (host, who)

@@ -63,8 +63,8 @@ def drill(run: RunDir, timeout_s: float = 300, **fault: Any) -> dict[str, Any]:
     """
     quiet: Callable[[str], None] = lambda _line: None
     try:
-        kind, target, factor = faultdrill.choose_fault(**fault)
-        report = faultdrill.run_drill(run, kind, target, factor, timeout_s, show=quiet, warn=quiet)
+        kind, target, factor, period = faultdrill.choose_fault(**fault)
+        report = faultdrill.run_drill(run, kind, target, factor, timeout_s, show=quiet, warn=quiet, period=period)
     except ClusterctlError as exc:
         return {"error": exc.message, "exit": int(exc.exit_code)}
     except Exception:  # noqa: BLE001 - a bug in the drill: the rung reports it, as it did the command's crash
