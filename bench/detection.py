@@ -1,4 +1,4 @@
-"""Detection latency: a hang, a 1.5x and a 3x straggler, and false verdicts over a clean run.
+"""Detection latency: a hang, a hang in a save, steady and intermittent stragglers, and false verdicts over a clean run.
 
 4 ranks (2 emulated nodes x 2) on the local backend, each step busy-computing
 about 1 s, with `watchdog.straggler_factor: 1.25` and checkpoint saves every
@@ -26,6 +26,11 @@ alternately, the median of each side (one pair alone is noise on 2 shared cores)
   verdict named rank 1.
 * stragglers: one job each, `drill --slow 2:1.5` and `--slow 2:3` once the
   ranks are past warm-up: steps from the injection to the straggler verdict.
+* intermittent straggler (`intermittent_straggler_steps`, also with --quick):
+  the plain DDP script at 0.02 s steps, `drill --slow 2:1.5:0.3` (rank 2
+  stopped 0.1 s in every 0.3 s: a stall on about one step in ten, which a
+  window's trim alone leaves out): steps from the injection to the verdict
+  (target: within 60 s, no false verdict).
 
 Targets: hang <= 10 s, 1.5x straggler <= 30 steps, no false verdict in >= 300
 clean steps. There is no peer to run beside it: torch itself calls a hang
@@ -34,7 +39,8 @@ only when a collective times out (NCCL 10 min, gloo 30 min by default).
     python bench/detection.py [--quick] [--script trainer|zero-change|contract]
 
 Last line: {"script", "hang_timeout_s", "hang_detect_s", "hang_in_save_s", "hang_in_save_timeout_s", "straggler_1_5x_steps",
-"straggler_3x_steps", "false_verdicts", "clean_steps", "watch_overhead", "watch_ab_overhead"}.
+"straggler_3x_steps", "intermittent_straggler_steps", "intermittent_straggler_s", "false_verdicts", "clean_steps",
+"watch_overhead", "watch_ab_overhead"}.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
 WINDOW_FULL = 30  # steps before a straggler is injected: warm-up (5) plus a full 20-step window, and some
+INTERMITTENT = "2:1.5:0.3"  # rank 2 stopped 0.1 s in every 0.3 s: stalls longer than a ~20 ms step, on some steps
 
 
 SCRIPTS = {"zero-change": "train_ddp.py", "contract": "train_ddp_contract.py"}
@@ -227,30 +234,33 @@ def hang_in_save(scratch: Path, show: Any) -> dict[str, Any]:
     return result
 
 
-def straggler(scratch: Path, factor: float, show: Any, script: str) -> tuple[int | None, int]:
-    run = submit(scratch, f"slow-{factor:g}x", 2000, script)
+def straggler(scratch: Path, slow: str, show: Any, script: str, busy_s: float = 1.0) -> tuple[int | None, float | None, int]:
+    """`drill --slow SLOW` once a window is full: steps and seconds from the injection to the straggler verdict
+    (None: missed), and false verdicts (one before the injection, or a verdict naming another rank)."""
+    run = submit(scratch, f"slow-{slow.replace(':', '-')}", 20000 if busy_s < 0.1 else 2000, script, busy_s)
     attempt = run / "attempt-1"
     while steps_done(attempt) < WINDOW_FULL:  # measure detection, not the window filling up
         if verdict(attempt) is not None:
-            show(f"false verdict before the {factor:g}x slowdown: {verdict(attempt)['message']}")
+            show(f"false verdict before the --slow {slow}: {verdict(attempt)['message']}")
             cancel(run)
-            return None, 1
+            return None, None, 1
         time.sleep(1)
-    report = drill(run, "--slow", f"2:{factor:g}")
+    report = drill(run, "--slow", slow)
     found = verdict(attempt) or {}
     cancel(run)
     if not report.get("detected") or not report.get("culprit_right"):
-        show(f"{factor:g}x straggler: missed ({report.get('note') or report.get('message')})")
-        return None, 1 if found else 0
+        show(f"--slow {slow} straggler: missed ({report.get('note') or report.get('message')})")
+        return None, None, 1 if found else 0
     onset = step_at(attempt, 2, report["injected_at"])
     named = found["evidence"]["step"]
-    show(f"{factor:g}x straggler: named after {named - onset} steps ({report['seconds']} s), ratio {found['evidence']['ratio']}")
-    return named - onset, 0
+    show(f"--slow {slow} straggler: named after {named - onset} steps ({report['seconds']} s) by the"
+         f" {found['evidence'].get('rule')} rule, ratio {found['evidence']['ratio']}")
+    return named - onset, report["seconds"], 0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="40 clean steps, the hang and the hang in a save (a few minutes)")
+    parser.add_argument("--quick", action="store_true", help="40 clean steps, the hang, the hang in a save and the intermittent straggler (a few minutes)")
     parser.add_argument("--script", choices=("trainer", *SCRIPTS), default="trainer", help="the program the ranks run")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(REPO))
@@ -264,10 +274,13 @@ def main() -> None:
         result = clean_then_hang(scratch, 40 if args.quick else 300, show, args.script)
         result["straggler_1_5x_steps"] = result["straggler_3x_steps"] = result["watch_ab_overhead"] = None
         result.update(hang_in_save(scratch, show))
+        steps, seconds, false = straggler(scratch, INTERMITTENT, show, "zero-change", 0.02)
+        result["intermittent_straggler_steps"], result["intermittent_straggler_s"] = steps, seconds
+        result["false_verdicts"] += false
         show(f"watcher: {result['watch_overhead']} of rank 0's step time in its own code")
         if not args.quick:
-            for factor, key in ((1.5, "straggler_1_5x_steps"), (3.0, "straggler_3x_steps")):
-                steps, false = straggler(scratch, factor, show, args.script)
+            for slow, key in (("2:1.5", "straggler_1_5x_steps"), ("2:3", "straggler_3x_steps")):
+                steps, _, false = straggler(scratch, slow, show, args.script)
                 result[key] = steps
                 result["false_verdicts"] += false
             if args.script != "trainer":
@@ -282,8 +295,8 @@ def main() -> None:
                     result["watch_ab_overhead"] = round(on / off - 1, 4)
                     show(f"A/B: {off * 1000:.2f} ms a step with watchdog.steps off, {on * 1000:.2f} ms with auto")
     result["script"] = args.script
-    keys = ("script", "hang_timeout_s", "hang_detect_s", "hang_in_save_s", "hang_in_save_timeout_s", "straggler_1_5x_steps", "straggler_3x_steps", "false_verdicts",
-            "clean_steps", "watch_overhead", "watch_ab_overhead")
+    keys = ("script", "hang_timeout_s", "hang_detect_s", "hang_in_save_s", "hang_in_save_timeout_s", "straggler_1_5x_steps", "straggler_3x_steps", "intermittent_straggler_steps",
+            "intermittent_straggler_s", "false_verdicts", "clean_steps", "watch_overhead", "watch_ab_overhead")
     print(json.dumps({k: result[k] for k in keys}))
 
 

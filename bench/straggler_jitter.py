@@ -15,9 +15,11 @@ healthy, so every suspect is a false one.
 
     python bench/straggler_jitter.py [--quick] [--burners 3] [--steps 600]
 
-Last line: {"defaults": {...}, "suspects_at_defaults": N, "scenarios": [{"script", "busy_s", "load",
+Last line: {"defaults": {...}, "suspects_at_defaults": N, "recurring_verdicts": N, "scenarios": [{"script", "busy_s", "load",
 "compute_p50_s", "max_lost_s", "p99_lost_s", "max_ratio", "max_lost_past_factor_s",
-"max_compute_past_factor_s", "suspect_windows_floors_off", "suspect_windows", "verdicts"}, ...]}.
+"max_compute_past_factor_s", "suspect_windows_floors_off", "suspect_windows", "verdicts", "max_untrimmed_lost_s",
+"recurring_verdicts"}, ...]}: the untrimmed loss is what the recurring-stall rule judges (every step counted), and
+its verdicts need no persistence.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def replay(series: list[list[tuple[int, float]]], window: int, limits: Any) -> d
     lost, ratios, past_lost, past_compute, all_compute = [], [], [0.0], [0.0], []
     by_rank: dict[int, list[float]] = {}
     named: dict[int, int] = {}
-    suspects = suspects_off = verdicts = 0
+    suspects = suspects_off = verdicts = recurring = 0
+    untrimmed: list[float] = []
     run: tuple[int, int] | None = None  # (rank, windows in a row it was the suspect)
     for end in range(window, len(shared) + 1):
         found = straggler.standings(compute, shared[end - window : end])
@@ -109,6 +112,8 @@ def replay(series: list[list[tuple[int, float]]], window: int, limits: Any) -> d
         run = None if worst is None else (worst.rank, run[1] + 1 if run and run[0] == worst.rank else 1)
         if run and run[1] == PERSIST_STEPS + 1:
             verdicts += 1  # the same rank PERSIST_STEPS steps on: the watchdog would have called it
+        untrimmed.extend(s.lost_s for s in straggler.standings(compute, shared[end - window : end], trimmed=0))
+        recurring += straggler.recurring(compute, shared[:end], window, limits) is not None  # needs no persistence
     for c in compute:
         all_compute.extend(c.values())
     lost.sort()
@@ -125,6 +130,8 @@ def replay(series: list[list[tuple[int, float]]], window: int, limits: Any) -> d
         "suspects_by_rank": named,
         "mean_lost_by_rank_s": {r: round(sum(v) / len(v), 6) for r, v in sorted(by_rank.items())},
         "verdicts": verdicts,
+        "max_untrimmed_lost_s": round(max(untrimmed), 6) if untrimmed else None,
+        "recurring_verdicts": recurring,
     }
 
 
@@ -171,6 +178,7 @@ def main() -> None:
         "defaults": {"straggler_factor": limits.factor, "straggler_min_compute_s": limits.min_compute_s,
                      "straggler_min_lost_s": limits.min_lost_s, "window": defaults.window},
         "suspects_at_defaults": sum(r["suspect_windows"] for r in results),
+        "recurring_verdicts": sum(r["recurring_verdicts"] for r in results),
         "scenarios": results,
     }
     print(json.dumps(summary))

@@ -127,6 +127,23 @@ def test_warmup_is_kept_apart_and_outliers_are_kept(tmp_path: Path) -> None:
     assert figs["steady_steps"] == 5 and figs["warmup_steps"] == 5
 
 
+def test_the_slowest_rank_is_the_one_that_computes_longest_stalls_included(tmp_path: Path) -> None:
+    """Under DDP every rank's step time is the same; rank 1 stalls 0.1 s on one step in four, which leaves its median
+    compute time flat (the field's case: 'slowest rank: 1.007x' by step time while the heatmap showed rank 3)."""
+    run = _minimal_run(tmp_path)
+    records = []
+    for i in range(40):
+        for rank in (0, 1):
+            record = _step(rank, i, 0.2, 2000.0 + i)
+            record["compute_s"] = 0.02 + (0.1 if rank == 1 and i % 4 == 0 else 0.0) - (0.001 if rank == 1 else 0.0)
+            records.append(record)
+    _timeline(run / "attempt-1" / "timeline.jsonl", records)
+    slow = collect(RunDir(run)).headline["slowest_rank"]
+    assert (slow["rank"], slow["by"]) == (1, "mean compute time")
+    assert slow["seconds"] == pytest.approx(0.019 + 0.1 * 8 / 35, abs=1e-4)  # 8 stalls in its 35 steady steps
+    assert slow["vs_median"] > 1.3  # the median rank of two: between them
+
+
 def test_phase_totals_per_rank(tmp_path: Path) -> None:
     run = _minimal_run(tmp_path)
     records = [
@@ -227,7 +244,7 @@ def test_a_cancelled_attempt_reads_cancelled_in_both_tables(tmp_path: Path, caps
     print_text(report.headline)
     text = capsys.readouterr().out
     assert "attempt 1 verdict: cancelled (code 89) cancelled by clusterctl cancel" in text
-    assert f"verdict: ok" not in text and " 84 " not in text and " 80 " not in text
+    assert "verdict: ok" not in text and " 84 " not in text and " 80 " not in text
 
 
 def test_json_prints_the_headline(straggler_run: Path, tmp_path: Path) -> None:
@@ -259,7 +276,7 @@ def test_without_matplotlib_the_figures_are_printed_and_exit_69(straggler_run: P
     result = cli("report", str(straggler_run), "-o", str(out))
     assert result.exit_code == 69
     assert "pip install 'clusterctl[report]'" in result.output
-    assert "slowest rank: 2" in result.output
+    assert "slowest rank by mean compute time: 2" in result.output
     assert not out.exists()
 
 

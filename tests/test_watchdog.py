@@ -219,6 +219,31 @@ def test_a_rank_that_stalls_one_step_in_four_is_a_straggler_and_one_spike_is_not
     assert [c["rank"] for c in finding.culprits] == [2]
 
 
+def test_a_rank_stopped_100ms_in_every_300ms_on_short_steps_is_a_recurring_straggler_and_two_spikes_are_not() -> None:
+    """The field's case: stalls on one step in eight, two of a 20-step window, which the trim leaves out as spikes;
+    the rank loses a third of its time. Two 0.5 s spikes ten steps apart on another rank name nobody."""
+    wd, t = training(steps=30, step_s=0.03, compute={r: 0.02 for r in range(4)}, noise=0.05)
+    rng = random.Random(3)
+    finding = None
+    for step in range(30, 200):
+        t += 0.03
+        for rank in range(4):
+            c = 0.02 * (1 + rng.uniform(-0.05, 0.05))
+            c += 0.1 if (rank == 2 and step >= 100 and step % 8 == 0) else 0.0
+            c += 0.5 if (rank == 1 and step in (50, 60)) else 0.0
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 0.03, "compute_s": c}, t)
+        finding = wd.check(t)
+        if step < 100:
+            assert finding is None, step
+        if finding is not None:
+            break
+    assert finding is not None and finding.code == ExitCode.STRAGGLER
+    assert [c["rank"] for c in finding.culprits] == [2]
+    assert finding.evidence["rule"] == "recurring" and finding.evidence["stalled_steps"] >= 7
+    assert step < 100 + 3 * 20 + 10  # three windows of its stalls, and a few steps
+    assert "every step counted, over the last 3 windows of 20 steps" in finding.message
+
+
 def test_no_false_verdict_over_a_noisy_clean_run_with_saves_and_evaluations() -> None:
     settings = Settings(hang_timeout=120, save_timeout=900, straggler_factor=1.25, window=20)
     wd = Watchdog(4, HOSTS, 2, settings)

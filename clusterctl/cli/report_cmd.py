@@ -77,7 +77,8 @@ def print_text(head: dict[str, Any]) -> None:
         console.print(table)
     slow = head.get("slowest_rank")
     if slow:
-        console.print(f"slowest rank: {slow['rank']} (p50 {_f(slow['p50'])} s, {_f(slow['vs_median'])}x the median rank)")
+        console.print(f"slowest rank by {slow['by']}: {slow['rank']} ({_f(slow['seconds'])} s,"
+                      f" {_f(slow['vs_median'])}x the median rank's)")
     for v in head.get("verdicts") or []:
         message = str(v.get("message") or "")
         culprits = "; ".join(f"rank {c.get('rank')} on {c.get('host')}" + (f": {c['reason']}" if c.get("reason") else "")

@@ -12,6 +12,15 @@ step, against its peers, and only when that loss is real on three counts:
   are found; one spike (a page-in, a garbage collection, a late batch) is
   left out and is nobody's straggler. A median alone would miss the
   staller: three steps in four look healthy.
+* Or it recurs (`recurring`). A rank stopped 100 ms in every 300 ms on 20 ms
+  steps stalls one step in ten: two steps of a 20-step window, which the
+  trim leaves out as spikes, though the rank loses a third of its time. So
+  its loss is also judged with every step counted, over the last
+  `RECUR_WINDOWS` disjoint windows, against the same limits; and the stalls
+  must come back: in each of those windows it stalled (took more than twice
+  its peers' median) on `RECUR_STALLS` steps or more and lost more than the
+  factor allows. A spike, or two, is in one window; a stall that comes back
+  is in every one. Stalls rarer than that (one a window) are left alone.
 * It is large against its peers: its compute time a step (the peers' median
   plus its loss) over the peers' is above `watchdog.straggler_factor`.
   Peers slowed together (a busy shared node, a slower phase of the
@@ -43,6 +52,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 TRIM_SHARE = 0.1  # of the window's steps, left out at each end of a rank's excesses: one-off spikes are no steady loss
+RECUR_WINDOWS = 3  # disjoint windows in a row over which a recurring straggler's loss is judged, every step counted
+RECUR_STALLS = 2  # stalled steps it shows in each of them: one is a spike
 
 
 @dataclass(frozen=True)
@@ -109,23 +120,61 @@ def peer_medians(values: Sequence[float]) -> list[float]:
     return out
 
 
-def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trimmed: int | None = None) -> list[Standing]:
-    """Each rank's standing over `steps` (compute[rank][step]: that rank's compute time at that step), its
-    `trimmed` (default `trim(len(steps))`) largest and smallest excesses left out."""
+@dataclass(frozen=True)
+class Excesses:
+    """Each rank's excess over its peers' median at each step of a span, and that median: one pass over the
+    steps, from which every window's standing is read."""
+
+    steps: list[int]
+    excess: list[list[float]]  # [rank][i]: its compute time at steps[i] minus its peers' median there
+    base: list[list[float]]  # [rank][i]: that median
+
+    def standing(self, rank: int, lo: int = 0, hi: int | None = None, trimmed: int = 0) -> Standing:
+        """The rank's standing over steps[lo:hi], its `trimmed` largest and smallest excesses left out."""
+        hi = len(self.steps) if hi is None else hi
+        kept = sorted(self.excess[rank][lo:hi])[trimmed : hi - lo - trimmed]
+        return Standing(rank, statistics.fmean(self.base[rank][lo:hi]), statistics.fmean(kept))
+
+    def stalls(self, rank: int, lo: int = 0, hi: int | None = None) -> int:
+        """How many of steps[lo:hi] took the rank more than twice its peers' median: stalls, not a slowdown."""
+        return sum(e > b for e, b in zip(self.excess[rank][lo:hi], self.base[rank][lo:hi]))
+
+
+def excesses(compute: Sequence[Mapping[int, float]], steps: Sequence[int]) -> Excesses:
+    """compute[rank][step], that rank's compute time at that step, set against its peers' median at each of `steps`."""
     world = len(compute)
     excess: list[list[float]] = [[] for _ in range(world)]
-    base: list[float] = [0.0] * world
+    base: list[list[float]] = [[] for _ in range(world)]
     for step in steps:
         values = [compute[r][step] for r in range(world)]
         for r, median in enumerate(peer_medians(values)):
             excess[r].append(values[r] - median)
-            base[r] += median
+            base[r].append(median)
+    return Excesses(list(steps), excess, base)
+
+
+def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trimmed: int | None = None) -> list[Standing]:
+    """Each rank's standing over `steps` (compute[rank][step]: that rank's compute time at that step), its
+    `trimmed` (default `trim(len(steps))`) largest and smallest excesses left out."""
+    table = excesses(compute, steps)
     k = trim(len(steps)) if trimmed is None else trimmed
-    out = []
-    for r in range(world):
-        kept = sorted(excess[r])[k : len(steps) - k]
-        out.append(Standing(r, base[r] / len(steps), statistics.fmean(kept)))
-    return out
+    return [table.standing(r, trimmed=k) for r in range(len(compute))]
+
+
+def recurring(compute: Sequence[Mapping[int, float]], steps: Sequence[int], window: int, limits: Limits) -> Standing | None:
+    """The rank whose loss over the last `RECUR_WINDOWS` disjoint windows of `steps`, every step counted, is past
+    every limit, with `RECUR_STALLS` stalls and a loss past the factor in each of those windows (the one that lost
+    the most when several are); None when no rank is, or `steps` holds fewer windows. See the module's doc."""
+    if len(steps) < RECUR_WINDOWS * window:
+        return None
+    table = excesses(compute, steps[-RECUR_WINDOWS * window :])
+    factor_only = Limits(limits.factor, 0.0, 0.0)
+    windows = [(i * window, (i + 1) * window) for i in range(RECUR_WINDOWS)]
+    past = [whole for whole in (table.standing(r) for r in range(len(compute)))
+            if is_straggler(whole, limits)
+            and all(table.stalls(whole.rank, lo, hi) >= RECUR_STALLS
+                    and is_straggler(table.standing(whole.rank, lo, hi), factor_only) for lo, hi in windows)]
+    return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
 
 
 def is_straggler(s: Standing, limits: Limits) -> bool:
@@ -148,18 +197,11 @@ def named_from(compute: Sequence[Mapping[int, float]], span: Sequence[int], rank
     window ending at that step and at every later one of `span` names it. Persistence is thus counted in the
     ranks' steps, not in the watchdog's checks: a node reports its ranks' steps once a second, so a check can
     see many new steps at once, and a straggler shown by them is named at the step it showed, not a check later."""
-    excess, base = [], []
-    for step in span:
-        values = [compute[r][step] for r in range(len(compute))]
-        median = statistics.median(values[:rank] + values[rank + 1 :])
-        excess.append(values[rank] - median)
-        base.append(median)
+    table = excesses(compute, span)
     k = trim(window)
     first = span[-1]
     for end in range(len(span), window - 1, -1):
-        lo = end - window
-        s = Standing(rank, statistics.fmean(base[lo:end]), statistics.fmean(sorted(excess[lo:end])[k : window - k]))
-        if not is_straggler(s, limits):
+        if not is_straggler(table.standing(rank, end - window, end, trimmed=k), limits):
             break
         first = span[end - 1]
     return first
@@ -185,4 +227,17 @@ def describe(s: Standing, window: int, since: Standing, newer: int, limits: Limi
         f" and smallest losses left out; its peers lost {peers_lost_s:.3g} s a step at most), and {since.lost_s:.3g} s"
         f" a step over the {newer} steps since it was first named; past watchdog.straggler_factor {limits.factor:g},"
         f" straggler_min_compute_s {limits.min_compute_s:g} s and straggler_min_lost_s {limits.min_lost_s:g} s"
+    )
+
+
+def describe_recurring(s: Standing, window: int, stalls: int, limits: Limits, peers_lost_s: float) -> str:
+    """A recurring straggler verdict's reason: its loss over the windows, and on how few steps it came."""
+    steps = RECUR_WINDOWS * window
+    return (
+        f"lost {s.lost_s:.3g} s a step against its peers' median compute time at each step, every step counted, over"
+        f" the last {RECUR_WINDOWS} windows of {window} steps ({s.compute_s:.3g} s a step against their"
+        f" {s.peers_s:.3g} s: {s.ratio:.2f}x; its peers lost {peers_lost_s:.3g} s a step at most): it stalls, {stalls}"
+        f" of its {steps} steps took more than twice its peers', {RECUR_STALLS} or more in each window;"
+        f" past watchdog.straggler_factor {limits.factor:g}, straggler_min_compute_s {limits.min_compute_s:g} s and"
+        f" straggler_min_lost_s {limits.min_lost_s:g} s"
     )

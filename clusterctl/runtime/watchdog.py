@@ -29,7 +29,10 @@ Rules (docs/design/watchdog.md says the same):
   over its peers and the floors `watchdog.straggler_min_compute_s` and
   `watchdog.straggler_min_lost_s` (seconds a step) — and the same rank must
   stay the straggler for `PERSIST_STEPS` steps, since noise flickers and a
-  slow GPU persists. Peers only, within one attempt, after warm-up: a
+  slow GPU persists. A rank that stalls on some steps only is judged with
+  every step counted, over `straggler.RECUR_WINDOWS` windows in a row, each
+  with its stalls: the spikes the trim leaves out do not come back, its
+  stalls do. Peers only, within one attempt, after warm-up: a
   machine-wide slowdown is nobody's straggler, and a rank's own earlier steps
   are no baseline.
 """
@@ -323,47 +326,76 @@ class Watchdog:
         return [], "", False
 
     def check_straggler(self) -> Verdict | None:
-        """A rank that loses a steady share of its time against its peers (runtime/straggler.py), for PERSIST_STEPS."""
+        """A rank that loses a steady share of its time against its peers (runtime/straggler.py): on every step for
+        PERSIST_STEPS, or in stalls that recur over straggler.RECUR_WINDOWS windows."""
         s = self.settings
         limits = straggler.limits(s)
         series = [list(r.compute)[WARMUP_STEPS:] for r in self.ranks]  # each rank's steps after its warm-up
-        span = straggler.common_steps(series, s.window, earlier=s.window)
+        span = straggler.common_steps(series, s.window, earlier=(straggler.RECUR_WINDOWS - 1) * s.window)
         if span is None:
             self._suspect = None
             return None  # every rank needs a full window of its own, and a peer
-        steps = span[-s.window :]
-        compute = [dict(samples[-3 * s.window :]) for samples in series]
+        compute = [dict(samples[-(straggler.RECUR_WINDOWS + 1) * s.window :]) for samples in series]
+        return self._steady(compute, span, limits) or self._recurring(compute, span, limits)
+
+    def _steady(self, compute: list[dict[int, float]], span: list[int], limits: straggler.Limits) -> Verdict | None:
+        """The trimmed rule over the last window, named at each step since `since` and confirmed over them."""
+        window = self.settings.window
+        steps = span[-window:]
         found = straggler.standings(compute, steps)
         worst = straggler.slowest(found, limits)
         if worst is None:
             self._suspect = None
             return None
-        culprit = self.ranks[worst.rank]
         if self._suspect is None or self._suspect[0] != worst.rank:
-            self._suspect = (worst.rank, straggler.named_from(compute, span, worst.rank, s.window, limits))
+            recent = span[-2 * window :]
+            self._suspect = (worst.rank, straggler.named_from(compute, recent, worst.rank, window, limits))
         since = self._suspect[1]
         newer = [step for step in steps if step > since]
-        if len(newer) < min(PERSIST_STEPS, s.window):
+        if len(newer) < min(PERSIST_STEPS, window):
             return None
         going_on = straggler.confirmed(compute, steps, worst.rank, since, limits)
         if going_on is None:
             self._suspect = (worst.rank, steps[-1])  # not losing since: a new span must show it
             return None
-        peers_lost = max(f.lost_s for f in found if f.rank != worst.rank)
-        why = straggler.describe(worst, s.window, going_on, len(newer), limits, peers_lost)
+        why = straggler.describe(worst, window, going_on, len(newer), limits, _peers_lost(found, worst))
+        return self._straggler_verdict(worst, found, steps, compute, why, {
+            "rule": "steady",
+            "trimmed_steps": straggler.trim(window),
+            "since_step": since,
+            "due_step": newer[min(PERSIST_STEPS, window) - 1],  # where the rule held: the verdict lands with the node's report
+            "lost_since_s": round(going_on.lost_s, 6),
+        })
+
+    def _recurring(self, compute: list[dict[int, float]], span: list[int], limits: straggler.Limits) -> Verdict | None:
+        """Stalls on some steps, every step counted, in each of the last RECUR_WINDOWS windows."""
+        window = self.settings.window
+        worst = straggler.recurring(compute, span, window, limits)
+        if worst is None:
+            return None
+        steps = span[-straggler.RECUR_WINDOWS * window :]
+        table = straggler.excesses(compute, steps)
+        found = [table.standing(r) for r in range(self.world)]
+        stalls = table.stalls(worst.rank)
+        why = straggler.describe_recurring(worst, window, stalls, limits, _peers_lost(found, worst))
+        return self._straggler_verdict(worst, found, steps, compute, why, {
+            "rule": "recurring", "trimmed_steps": 0, "windows": straggler.RECUR_WINDOWS, "stalled_steps": stalls,
+            "since_step": steps[0], "due_step": steps[-1]})
+
+    def _straggler_verdict(self, worst: straggler.Standing, found: list[straggler.Standing], steps: list[int],
+                           compute: list[dict[int, float]], why: str, rule: dict[str, Any]) -> Verdict:
+        s = self.settings
+        culprit = self.ranks[worst.rank]
         evidence: dict[str, Any] = {
             "straggler_factor": s.straggler_factor,
             "straggler_min_compute_s": s.straggler_min_compute_s,
             "straggler_min_lost_s": s.straggler_min_lost_s,
             "window": s.window,
-            "trimmed_steps": straggler.trim(s.window),
+            **rule,
             "ratio": round(worst.ratio, 3),
             "lost_s": {str(f.rank): round(f.lost_s, 6) for f in found},
             "peers_compute_s": {str(f.rank): round(f.peers_s, 6) for f in found},
             "culprit_compute_s": [[step, round(compute[worst.rank][step], 6)] for step in steps],
-            "since_step": since,
-            "due_step": newer[min(PERSIST_STEPS, s.window) - 1],  # where the rule held: the verdict lands with the node's report
-            "lost_since_s": round(going_on.lost_s, 6),
             "step": culprit.step,
         }
         self._add_gpu_evidence(evidence, [culprit])
@@ -404,3 +436,8 @@ class Watchdog:
                 found[str(r.rank)] = gpu
         if found:
             evidence["gpu"] = found
+
+
+def _peers_lost(found: list[straggler.Standing], worst: straggler.Standing) -> float:
+    """The most any peer of the straggler lost a step: the verdict shows that nobody else was slow."""
+    return max(f.lost_s for f in found if f.rank != worst.rank)

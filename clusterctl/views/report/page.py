@@ -110,7 +110,8 @@ def render(head: dict[str, Any], state: dict[str, Any] | None, attempts: list[di
              ["median tokens/s", head.get("tokens_per_s_median")]]
     slow = head.get("slowest_rank")
     if slow:
-        rows.append(["slowest rank (steady p50)", f"rank {slow['rank']}: {slow['p50']} s, {slow['vs_median']}x the median rank"])
+        rows.append([f"slowest rank ({slow['by']})",
+                     f"rank {slow['rank']}: {slow['seconds']} s, {slow['vs_median']}x the median rank's"])
     out.append(_table(["", ""], rows))
     if state is None and head.get("state_note"):
         out.append(f"<p class=note>{_e(head['state_note'])}</p>")

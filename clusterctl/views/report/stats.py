@@ -31,7 +31,8 @@ SERIES_POINTS = 2000  # line plots are binned to about this many points
 
 @dataclass
 class StepTimes:
-    """Per rank: steady step times' p50/p90/max and count, and the warm-up times kept for the plot."""
+    """Per rank: steady step times' p50/p90/max and count, its mean compute time, and the warm-up times kept for the
+    plot."""
 
     ranks: np.ndarray  # rank numbers, ascending
     p50: np.ndarray
@@ -40,6 +41,7 @@ class StepTimes:
     count: np.ndarray
     steady: list[np.ndarray]  # per rank, every steady step time (outliers included)
     warmup: list[np.ndarray]  # per rank, the warm-up step times
+    compute_mean: np.ndarray  # per rank, its mean compute time over its steady steps (NaN: none recorded)
 
 
 @dataclass
@@ -97,7 +99,7 @@ def warmup_mask(steps: np.ndarray) -> np.ndarray:
 
 def step_times(attempts: list[AttemptData]) -> StepTimes | None:
     """Per-rank step-time figures over all attempts, warm-up apart."""
-    ranks_l, secs_l, warm_l = [], [], []
+    ranks_l, secs_l, warm_l, compute_l = [], [], [], []
     for a in attempts:
         tl = a.timeline
         if tl.step_rank.size == 0:
@@ -105,22 +107,27 @@ def step_times(attempts: list[AttemptData]) -> StepTimes | None:
         ranks_l.append(tl.step_rank)
         secs_l.append(tl.step_s)
         warm_l.append(warmup_mask(tl.step_step))
+        compute_l.append(tl.step_compute_s if tl.step_compute_s.size == tl.step_s.size else np.full(tl.step_s.size, np.nan))
     if not ranks_l:
         return None
     rank = np.concatenate(ranks_l)
     secs = np.concatenate(secs_l)
     warm = np.concatenate(warm_l)
+    compute = np.concatenate(compute_l)
     order = np.argsort(rank, kind="stable")
-    rank, secs, warm = rank[order], secs[order], warm[order]
+    rank, secs, warm, compute = rank[order], secs[order], warm[order], compute[order]
     ranks, starts = np.unique(rank, return_index=True)
     bounds = list(starts[1:]) + [rank.size]
-    p50, p90, mx, count, steady, warmup = [], [], [], [], [], []
+    p50, p90, mx, count, steady, warmup, compute_mean = [], [], [], [], [], [], []
     for lo, hi in zip(starts, bounds):
         s, w = secs[lo:hi], warm[lo:hi]
         st = s[~w]
         steady.append(st)
         warmup.append(s[w])
         count.append(st.size)
+        timed = compute[lo:hi][~w]
+        timed = timed[np.isfinite(timed) & (timed > 0)]
+        compute_mean.append(timed.mean() if timed.size else np.nan)
         if st.size:
             q = np.percentile(st, [50, 90])
             p50.append(q[0])
@@ -130,7 +137,8 @@ def step_times(attempts: list[AttemptData]) -> StepTimes | None:
             p50.append(np.nan)
             p90.append(np.nan)
             mx.append(np.nan)
-    return StepTimes(ranks, np.array(p50), np.array(p90), np.array(mx), np.array(count), steady, warmup)
+    return StepTimes(ranks, np.array(p50), np.array(p90), np.array(mx), np.array(count), steady, warmup,
+                     np.array(compute_mean))
 
 
 def _phase_durations(tl: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -310,12 +318,7 @@ def headline(data: RunData, fig: Figures) -> dict[str, Any]:
         for i, r in enumerate(st.ranks):
             per_rank[str(int(r))] = {"p50": _r(st.p50[i]), "p90": _r(st.p90[i]), "max": _r(st.max[i]),
                                      "steady_steps": int(st.count[i]), "warmup_steps": int(st.warmup[i].size)}
-        finite = np.isfinite(st.p50)
-        if finite.any():
-            median = float(np.median(st.p50[finite]))
-            slow = int(np.nanargmax(st.p50))
-            out["slowest_rank"] = {"rank": int(st.ranks[slow]), "p50": _r(st.p50[slow]),
-                                   "vs_median": _r(st.p50[slow] / median, 3) if median > 0 else None}
+        out["slowest_rank"] = slowest_rank(st)
     out["step_time_s"] = per_rank
     out["warmup_steps_per_attempt"] = WARMUP_STEPS
     out["phases_s"] = {str(int(r)): {c: _r(fig.phases[i, j], 3) for j, c in enumerate(CATEGORIES)}
@@ -323,6 +326,21 @@ def headline(data: RunData, fig: Figures) -> dict[str, Any]:
     out["verdicts"] = [verdict_summary(a) for a in data.attempts if a.verdict is not None]
     out["notes"] = list(data.notes)
     return out
+
+
+def slowest_rank(st: StepTimes) -> dict[str, Any] | None:
+    """The rank with the largest mean compute time, against the median rank's: under DDP every rank's step time is
+    the same (the others wait for the slow one), its compute time is its own, and a mean counts stalls on some steps
+    that a median hides. By steady step time p50 where no compute time was recorded."""
+    by, values = (("mean compute time", st.compute_mean) if np.isfinite(st.compute_mean).any()
+                  else ("steady step time p50", st.p50))
+    finite = np.isfinite(values)
+    if not finite.any():
+        return None
+    median = float(np.median(values[finite]))
+    slow = int(np.nanargmax(values))
+    return {"rank": int(st.ranks[slow]), "by": by, "seconds": _r(values[slow]), "p50": _r(st.p50[slow]),
+            "vs_median": _r(values[slow] / median, 3) if median > 0 else None}
 
 
 def cancelled(a: AttemptData) -> bool:
