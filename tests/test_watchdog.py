@@ -14,7 +14,7 @@ import pytest
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
 from clusterctl.runtime.blame import Facts, blame_end, parse_srun_lines
-from clusterctl.runtime.watchdog import HANG_FLOOR_S, HANG_MULTIPLE, Watchdog
+from clusterctl.runtime.watchdog import HANG_FLOOR_S, HANG_MULTIPLE, PHASE_FLOOR_S, PHASE_MULTIPLE, Watchdog
 
 HOSTS = ["n1", "n2"]
 
@@ -132,7 +132,7 @@ def test_a_rank_stopped_in_a_save_is_judged_at_the_steps_timeout_not_the_saves(h
             wd.observe({"kind": "alive", "rank": rank}, t + second)
     if how == "stopped":
         wd.observe_process(2, "stopped", t + 0.5)
-    assert wd.hang_timeout()[0] == 900  # rank 2's save is in force
+    assert wd.hang_timeout()[0] == PHASE_FLOOR_S  # rank 2's save is in force: its peers' took 0.2 s
     assert wd.check(t + 4.9) is None
     finding = wd.check(t + 5.3)
     assert finding is not None and finding.code == ExitCode.HANG, finding
@@ -140,6 +140,31 @@ def test_a_rank_stopped_in_a_save_is_judged_at_the_steps_timeout_not_the_saves(h
     assert sorted(v["rank"] for v in finding.victims) == [0, 1, 3]
     assert "in phase save at step 9" in finding.culprits[0]["reason"]
     assert finding.evidence["hang_timeout_s"] == 5.0
+
+
+def test_a_save_that_outlasts_this_attempts_saves_by_far_is_a_hang_long_before_the_configured_bound() -> None:
+    """Saves of 2 s, then one in which every rank beats on but none gets out: a hang at PHASE_MULTIPLE x 2 s (at
+    least PHASE_FLOOR_S), not after watchdog.save_timeout's 15 minutes; the first save of an attempt has the bound."""
+    settings = Settings(hang_timeout=30, save_timeout=900, straggler_factor=1.25, window=20)
+    wd, t = training(steps=10, settings=settings)
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "save"}, t)
+    assert wd.hang_timeout()[0] == 900  # no save measured yet
+    assert "no save has ended in this attempt yet" in wd.hang_timeout()[1]
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 10, "phase": "forward"}, t + 2.0 + 0.1 * rank)
+    t += 3
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": 19, "phase": "save"}, t)
+    for second in range(1, 200):
+        for rank in range(4):
+            wd.observe({"kind": "alive", "rank": rank}, t + second)  # a thread beats on: the ranks live, stuck
+    bound, why = wd.hang_timeout()
+    assert bound == max(PHASE_FLOOR_S, PHASE_MULTIPLE * 2.3)
+    assert "the longest save of this attempt, 2.3 s" in why
+    assert wd.check(t + bound - 1) is None
+    finding = wd.check(t + bound + 1)
+    assert finding is not None and finding.code == ExitCode.HANG
 
 
 def test_a_slow_save_whose_ranks_all_beat_waits_for_the_saves_timeout() -> None:

@@ -306,8 +306,10 @@ class Watchdog(Section):
         0.01, ge=0, description="a straggler loses at least this long a step against its peers (seconds)"
     )
     window: PositiveInt = Field(20, description="steps over which step times are compared")
-    save_timeout: Seconds = Field(900, description="a checkpoint save may take this long")
-    load_timeout: Seconds = Field(900, description="loading a checkpoint at the start may take this long")
+    save_timeout: Seconds = Field(900, description="a checkpoint save may take this long at most; once a save of the"
+                                  " attempt has ended, one is a hang at 5x the longest so far (at least 60 s)")
+    load_timeout: Seconds = Field(900, description="loading a checkpoint may take this long at most; once a load of the"
+                                  " attempt has ended, one is a hang at 5x the longest so far (at least 60 s)")
     steps: Literal["auto", "contract", "off"] = Field(
         "auto",
         description="where step reports come from: auto (torch's optimizer and collective hooks, or the Contract"

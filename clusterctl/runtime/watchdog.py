@@ -12,8 +12,10 @@ Rules (docs/design/watchdog.md says the same):
   median step time of the recent window, at least `HANG_FLOOR_S` and at most
   `watchdog.hang_timeout`; during warm-up, an evaluation or before the first
   step it is `watchdog.hang_timeout`; while a rank saves a checkpoint it is
-  `watchdog.save_timeout`, and while one loads a checkpoint
-  `watchdog.load_timeout` — but a rank whose process stopped, or whose
+  `PHASE_MULTIPLE` times the longest save this attempt measured, at least
+  `PHASE_FLOOR_S` and at most `watchdog.save_timeout` (that bound itself
+  before the first save ended), and while one loads a checkpoint the same
+  from its loads and `watchdog.load_timeout` — but a rank whose process stopped, or whose
   liveness beat stayed silent for the step's timeout while its peers beat
   on, is judged at the step's timeout in every phase. The culprit is, in this order: the rank whose
   process is stopped or whose liveness beat stopped; the rank that never
@@ -55,6 +57,9 @@ HANG_FLOOR_S = 3.0
 LIVENESS_TIMEOUT_S = 4.0  # beats come every second: four missed in a row
 WARMUP_STEPS = 5
 PERSIST_STEPS = 5  # a straggler must stay one this many steps: noise flickers, a slow GPU persists
+PHASE_MULTIPLE = 5.0  # a save or load may take this many times the longest one this attempt measured...
+PHASE_FLOOR_S = 60.0  # ...and at least this long: a busier filesystem, a larger shard, a cold cache
+MEASURED_PHASES = ("save", "load")
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 PROGRESS_KINDS = ("phase", "step")
 WAITING_PHASES = ("collective",)
@@ -92,6 +97,7 @@ class Watchdog:
         self.gpu_samples: dict[str, dict[str, Any]] = {}  # node -> latest sample per GPU
         self.lost_nodes: dict[str, float] = {}  # node -> when its aggregator vanished without goodbye
         self._suspect: tuple[int, int] | None = None  # (rank, step when first flagged)
+        self.longest: dict[str, float] = {}  # save/load -> the longest one a rank finished in this attempt, seconds
 
     # --- input -------------------------------------------------------------------
     def observe(self, msg: dict[str, Any], received: float) -> None:
@@ -129,6 +135,9 @@ class Watchdog:
             state.last_progress = received
             self.last_progress = received
         if phase != state.phase:
+            if state.phase in MEASURED_PHASES and state.phase_since is not None:
+                took = received - state.phase_since
+                self.longest[state.phase] = max(took, self.longest.get(state.phase, 0.0))
             state.phase_since = received
         state.phase, state.step = phase, step
 
@@ -185,12 +194,22 @@ class Watchdog:
         s = self.settings
         live = [r for r in self.ranks if r.process != "gone"]
         if any(r.phase == "save" for r in live):
-            return s.save_timeout, "a checkpoint save is in progress (watchdog.save_timeout)"
+            return self._measured("save", s.save_timeout, "a checkpoint save is in progress")
         if any(r.phase == "load" for r in live):
-            return s.load_timeout, "a checkpoint is being loaded (watchdog.load_timeout)"
+            return self._measured("load", s.load_timeout, "a checkpoint is being loaded")
         if any(r.phase == "eval" for r in live):
             return s.hang_timeout, "an evaluation is in progress (watchdog.hang_timeout)"
         return None
+
+    def _measured(self, phase: str, bound: float, what: str) -> tuple[float, str]:
+        """A save's or load's timeout from the longest this attempt measured: a save that took 2 s is hung long
+        before the configured 15 minutes; the configured bound until one has ended, and never above it."""
+        took = self.longest.get(phase)
+        if took is None:
+            return bound, f"{what} (watchdog.{phase}_timeout: no {phase} has ended in this attempt yet)"
+        timeout = min(bound, max(PHASE_FLOOR_S, PHASE_MULTIPLE * took))
+        return timeout, (f"{what} ({PHASE_MULTIPLE:g} x the longest {phase} of this attempt, {took:.3g} s, at least"
+                         f" {PHASE_FLOOR_S:g} s, at most watchdog.{phase}_timeout {bound:g} s)")
 
     def _step_timeout(self) -> tuple[float, str]:
         s = self.settings
