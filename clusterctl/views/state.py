@@ -15,10 +15,13 @@ else to its end, times the allocation's GPUs, spares included) is split into
 * useful:   the steps the run kept, times the world size;
 * start-up: from each attempt's start to the start of its first step (an
             attempt still starting: all of its time so far);
-* lost:     steps a later attempt redid, and attempts that failed before
-            their first step;
+* lost:     steps a later attempt redid, attempts that failed before
+            their first step, and a failed attempt's time from its last step
+            to its end (every GPU waiting for the verdict, then the teardown:
+            a rank hung in a save idles all of them until it is named);
 * other:    the rest: checkpoint saves and evaluations between steps, idle
-            spare nodes, the wind-down after the last step, the gap before
+            spare nodes, the wind-down after the last step of an attempt
+            that finished, stopped to save or was cancelled, the gap before
             a restart, and an attempt that finished without reporting a step
             (its time cannot be split).
 
@@ -86,6 +89,7 @@ class Attempt:
     cancelled_by: str | None = None  # a cancel stopped it: `clusterctl cancel`, `scancel`
     startup_s: float | None = None  # from its start to its first step's start (None: unknown)
     steps_s: float = 0.0  # wall time of all its steps
+    last_step_t: float | None = None  # when its last step ended (None: unknown)
 
 
 @dataclass
@@ -178,6 +182,7 @@ def _steps(run: RunDir, attempts: list[Attempt], keep_all_of_last: bool, committ
             a.first_step, a.last_step = first["step"], last["step"]
             a.steps = a.last_step - a.first_step + 1
             a.steps_s = f.time_through(a.last_step)
+            a.last_step_t = _num(last.get("t"))
             began = _num(first.get("t"))
             if began is not None and a.start is not None:
                 a.startup_s = max(0.0, began - float(first.get("step_s") or 0.0) - a.start)
@@ -200,6 +205,9 @@ def _steps(run: RunDir, attempts: list[Attempt], keep_all_of_last: bool, committ
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+WOUND_DOWN = (None, ExitCode.OK, ExitCode.PRE_TIMEOUT, ExitCode.CANCELLED)  # ends whose last minutes are a save
 
 
 @dataclass(frozen=True)
@@ -234,6 +242,8 @@ def goodput(attempts: list[Attempt], world: int, running: int | None, now: float
             startup += span * a.gpus
         elif a.exit_code != 0:
             lost += span * a.gpus
+        if a.steps and a.exit_code not in WOUND_DOWN and a.end is not None and a.last_step_t is not None:
+            lost += max(0.0, min(a.end, until) - a.last_step_t) * a.gpus  # the wait for its verdict, and the teardown
     return Goodput(allocated, useful, min(startup, allocated), min(lost, allocated))
 
 
