@@ -113,7 +113,8 @@ def replay(series: list[list[tuple[int, float]]], window: int, limits: Any) -> d
         if run and run[1] == PERSIST_STEPS + 1:
             verdicts += 1  # the same rank PERSIST_STEPS steps on: the watchdog would have called it
         untrimmed.extend(s.lost_s for s in straggler.standings(compute, shared[end - window : end], trimmed=0))
-        recurring += straggler.recurring(compute, shared[:end], window, limits) is not None  # needs no persistence
+        recent = shared[max(0, end - straggler.RECUR_WINDOWS * window) : end]
+        recurring += straggler.recurring(straggler.excesses(compute, recent), window, limits) is not None  # no persistence
     for c in compute:
         all_compute.extend(c.values())
     lost.sort()

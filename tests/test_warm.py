@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_recovery_e2e import drill, first_step, nothing_left, story, submit, wait_for
+from test_recovery_e2e import drill, first_step, losses, nothing_left, same_as_uninterrupted, story, submit, wait_for
 
 from clusterctl import envnames, rundir
 from clusterctl.rundir import RunDir, rankmanifest
@@ -231,12 +231,6 @@ def test_a_snapshot_copy_killed_half_way_leaves_the_previous_ones_whole(tmp_path
 
 
 # --- end to end: the reference trainer -------------------------------------------------------------------------
-def losses(run: RunDir, attempt: int) -> dict[int, str]:
-    path = run.attempt(attempt) / rundir.METRICS
-    lines = path.read_text().splitlines() if path.exists() else []
-    return {r["step"]: r["loss_hex"] for r in map(json.loads, lines) if "loss_hex" in r}
-
-
 def starts(run: RunDir, attempt: int) -> list[str]:
     return [str(r.get("start")) for r in rankmanifest.iter_ranks(run.attempt(attempt) / rundir.MANIFEST)]
 
@@ -271,17 +265,6 @@ def test_a_killed_rank_restarts_warm_from_the_memory_snapshot_with_the_uninterru
     wait_for("the run to finish", lambda: max(losses(run, last), default=-1) == steps - 1, run=run)
     same_as_uninterrupted(backend, tmp_path, run, last, steps, memory)
     nothing_left(backend, run)
-
-
-def same_as_uninterrupted(backend: str, tmp_path: Path, run: RunDir, attempts: int, steps: int, spec: dict[str, Any]) -> None:
-    """Every loss of `run` (a step computed twice: its last attempt's) bitwise equal to the same job run without a fault."""
-    (tmp_path / "whole").mkdir()
-    whole = submit(backend, tmp_path / "whole", "warm-whole", steps=steps, **spec).run
-    wait_for("the uninterrupted run", lambda: max(losses(whole, 1), default=-1) == steps - 1, run=whole)
-    interrupted: dict[int, str] = {}
-    for attempt in range(1, attempts + 1):
-        interrupted.update(losses(run, attempt))
-    assert interrupted == losses(whole, 1)
 
 
 def test_a_server_that_dies_while_importing_leaves_a_job_that_runs_cold_and_says_why(tmp_path: Path) -> None:

@@ -161,16 +161,18 @@ def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trim
     return [table.standing(r, trimmed=k) for r in range(len(compute))]
 
 
-def recurring(compute: Sequence[Mapping[int, float]], steps: Sequence[int], window: int, limits: Limits) -> Standing | None:
-    """The rank whose loss over the last `RECUR_WINDOWS` disjoint windows of `steps`, every step counted, is past
-    every limit, with `RECUR_STALLS` stalls and a loss past the factor in each of those windows (the one that lost
-    the most when several are); None when no rank is, or `steps` holds fewer windows. See the module's doc."""
-    if len(steps) < RECUR_WINDOWS * window:
+def recurring(table: Excesses, window: int, limits: Limits) -> Standing | None:
+    """The rank whose loss over the last `RECUR_WINDOWS` disjoint windows of the table's steps, every step counted,
+    is past every limit, with `RECUR_STALLS` stalls and a loss past the factor in each of those windows (the one
+    that lost the most when several are); None when no rank is, or the table holds fewer windows. See the module's
+    doc."""
+    end = len(table.steps)
+    if end < RECUR_WINDOWS * window:
         return None
-    table = excesses(compute, steps[-RECUR_WINDOWS * window :])
+    start = end - RECUR_WINDOWS * window
     factor_only = Limits(limits.factor, 0.0, 0.0)
-    windows = [(i * window, (i + 1) * window) for i in range(RECUR_WINDOWS)]
-    past = [whole for whole in (table.standing(r) for r in range(len(compute)))
+    windows = [(start + i * window, start + (i + 1) * window) for i in range(RECUR_WINDOWS)]
+    past = [whole for whole in (table.standing(r, start) for r in range(len(table.excess)))
             if is_straggler(whole, limits)
             and all(table.stalls(whole.rank, lo, hi) >= RECUR_STALLS
                     and is_straggler(table.standing(whole.rank, lo, hi), factor_only) for lo, hi in windows)]

@@ -355,13 +355,16 @@ class Watchdog:
             self._suspect = None
             return None  # every rank needs a full window of its own, and a peer
         compute = [dict(samples[-(straggler.RECUR_WINDOWS + 1) * s.window :]) for samples in series]
-        return self._steady(compute, span, limits) or self._recurring(compute, span, limits)
+        table = straggler.excesses(compute, span[-straggler.RECUR_WINDOWS * s.window :])  # one pass: both rules read it
+        return self._steady(compute, span, table, limits) or self._recurring(compute, table, limits)
 
-    def _steady(self, compute: list[dict[int, float]], span: list[int], limits: straggler.Limits) -> Verdict | None:
+    def _steady(self, compute: list[dict[int, float]], span: list[int], table: straggler.Excesses,
+                limits: straggler.Limits) -> Verdict | None:
         """The trimmed rule over the last window, named at each step since `since` and confirmed over them."""
         window = self.settings.window
         steps = span[-window:]
-        found = straggler.standings(compute, steps)
+        last = len(table.steps) - window
+        found = [table.standing(r, last, trimmed=straggler.trim(window)) for r in range(self.world)]
         worst = straggler.slowest(found, limits)
         if worst is None:
             self._suspect = None
@@ -386,16 +389,17 @@ class Watchdog:
             "lost_since_s": round(going_on.lost_s, 6),
         })
 
-    def _recurring(self, compute: list[dict[int, float]], span: list[int], limits: straggler.Limits) -> Verdict | None:
-        """Stalls on some steps, every step counted, in each of the last RECUR_WINDOWS windows."""
+    def _recurring(self, compute: list[dict[int, float]], table: straggler.Excesses,
+                   limits: straggler.Limits) -> Verdict | None:
+        """Stalls on some steps, every step counted, over the last RECUR_WINDOWS windows."""
         window = self.settings.window
-        worst = straggler.recurring(compute, span, window, limits)
+        worst = straggler.recurring(table, window, limits)
         if worst is None:
             return None
-        steps = span[-straggler.RECUR_WINDOWS * window :]
-        table = straggler.excesses(compute, steps)
-        found = [table.standing(r) for r in range(self.world)]
-        stalls = table.stalls(worst.rank)
+        start = len(table.steps) - straggler.RECUR_WINDOWS * window
+        steps = table.steps[start:]
+        found = [table.standing(r, start) for r in range(self.world)]
+        stalls = table.stalls(worst.rank, start)
         why = straggler.describe_recurring(worst, window, stalls, limits, _peers_lost(found, worst))
         return self._straggler_verdict(worst, found, steps, compute, why, {
             "rule": "recurring", "trimmed_steps": 0, "windows": straggler.RECUR_WINDOWS, "stalled_steps": stalls,
