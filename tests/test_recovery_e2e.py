@@ -290,7 +290,7 @@ def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Pat
 
 def test_scancel_lets_warm_ranks_finish_a_save_of_seconds(backend: str, tmp_path: Path) -> None:
     """The ranks are forked from the warm servers, whose step Slurm signals with theirs: the servers stay until
-    their ranks have saved (1.5 s, inside KillWait), and the controller's verdict lands (it was 84, nothing saved)."""
+    their ranks have saved (1.2 s, inside KillWait with room for the verdict), and the controller's verdict lands (it was 84, nothing saved)."""
     out = tmp_path / "out"
     out.mkdir()
     done = submit(backend, tmp_path, "rec-save", command=["python3", str(ROOT / "tests" / "programs" /
