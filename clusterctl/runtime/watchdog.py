@@ -12,7 +12,8 @@ Rules (docs/design/watchdog.md says the same):
   median step time of the recent window, at least `HANG_FLOOR_S` and at most
   `watchdog.hang_timeout`; during warm-up, an evaluation or before the first
   step it is `watchdog.hang_timeout`; while a rank saves a checkpoint it is
-  `PHASE_MULTIPLE` times the longest save this attempt measured, at least
+  `PHASE_MULTIPLE` times the longest save this attempt measured (from the
+  first rank in to the last one out), at least
   `PHASE_FLOOR_S` and at most `watchdog.save_timeout` (that bound itself
   before the first save ended), and while one loads a checkpoint the same
   from its loads and `watchdog.load_timeout` — but a rank whose process stopped, or whose
@@ -97,7 +98,8 @@ class Watchdog:
         self.gpu_samples: dict[str, dict[str, Any]] = {}  # node -> latest sample per GPU
         self.lost_nodes: dict[str, float] = {}  # node -> when its aggregator vanished without goodbye
         self._suspect: tuple[int, int] | None = None  # (rank, step when first flagged)
-        self.longest: dict[str, float] = {}  # save/load -> the longest one a rank finished in this attempt, seconds
+        self.longest: dict[str, float] = {}  # save/load -> the longest one every rank finished in this attempt, seconds
+        self._round: dict[str, float] = {}  # save/load -> when the first rank entered the one under way
 
     # --- input -------------------------------------------------------------------
     def observe(self, msg: dict[str, Any], received: float) -> None:
@@ -135,11 +137,21 @@ class Watchdog:
             state.last_progress = received
             self.last_progress = received
         if phase != state.phase:
-            if state.phase in MEASURED_PHASES and state.phase_since is not None:
-                took = received - state.phase_since
-                self.longest[state.phase] = max(took, self.longest.get(state.phase, 0.0))
             state.phase_since = received
-        state.phase, state.step = phase, step
+        left, state.phase, state.step = state.phase, phase, step
+        if phase in MEASURED_PHASES:
+            self._round.setdefault(phase, received)
+        if left in MEASURED_PHASES and left != phase and left in self._round:
+            self._round_ended(left, received)
+
+    def _round_ended(self, phase: str, now: float) -> None:
+        """A save or load is measured once every live rank is out of it, from the first rank's start to the last
+        one's end: where one rank writes what the others do not (rank 0's full state), the others' quick exits are
+        not its length."""
+        if any(r.phase == phase and r.process != "gone" for r in self.ranks):
+            return
+        took = now - self._round.pop(phase)
+        self.longest[phase] = max(took, self.longest.get(phase, 0.0))
 
     def observe_process(self, rank: int, status: str, when: float) -> None:
         """The aggregator saw the rank's process `running`, `sleeping`, `stopped` or `gone`."""
