@@ -261,6 +261,9 @@ def test_a_pre_timeout_stop_continues_uncounted_and_the_job_is_not_failed(backen
     wait_for("the continuation to finish", lambda: max(losses(run, 2), default=-1) == steps - 1, run=run)
     same_as_uninterrupted(backend, tmp_path, run, 2, steps, spec)
     nothing_left(backend, run)
+    saved, loaded = (rundir.read_json(run.attempt(n) / rundir.PHASE_TIMES) or {} for n in (1, 2))
+    assert saved["save"] > 0 and "load" not in saved, saved  # attempt 1 began from scratch
+    assert loaded["load_from"] == "durable" and loaded["load"] >= 0, loaded  # attempt 3 would be judged by it
 
 
 def test_scancel_stops_the_run_and_nothing_continues(backend: str, tmp_path: Path) -> None:

@@ -18,13 +18,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import free_port
 
 STEPS, INTERVAL = 40, 4  # commits after steps 3, 7, 11, ...
 WORLD = 4
 
 
-def start(work: Path) -> list[subprocess.Popen]:
+def start(work: Path, parallel: str) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(WORLD):
@@ -41,7 +43,7 @@ def start(work: Path) -> list[subprocess.Popen]:
             del env[key]
         args = [
             sys.executable, "-m", "clusterctl.trainer",
-            "--steps", str(STEPS), "--checkpoint-interval", str(INTERVAL), "--record-samples",
+            "--steps", str(STEPS), "--checkpoint-interval", str(INTERVAL), "--record-samples", "--parallel", parallel,
             "--micro", "2", "--grad-accum", "2", "--seq-len", "16", "--hidden", "32", "--ffn", "64",
             "--eval-interval", "0", "--out-dir", str(work), "--checkpoint-dir", str(work / "ckpt"),
         ]
@@ -63,14 +65,15 @@ def samples(work: Path, rank: int) -> dict[int, list[int]]:
     return out
 
 
-def test_resumed_run_matches_the_uninterrupted_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])  # DDP's replicated state, FSDP2's sharded state
+def test_resumed_run_matches_the_uninterrupted_one(tmp_path: Path, parallel: str) -> None:
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     whole.mkdir()
     broken.mkdir()
-    for p in start(whole):
+    for p in start(whole, parallel):
         assert p.wait(120) == 0, (whole / "rank0.log").read_text()
 
-    procs = start(broken)
+    procs = start(broken, parallel)
     deadline = time.monotonic() + 120
     while not any(r["step"] >= 9 for r in records(broken)):  # past at least the commit after step 7
         assert time.monotonic() < deadline and procs[0].poll() is None, (broken / "rank0.log").read_text()
@@ -87,7 +90,7 @@ def test_resumed_run_matches_the_uninterrupted_one(tmp_path: Path) -> None:
     committed = latest_committed(broken / "ckpt")
     assert committed is not None and 7 <= committed.step <= killed_at
 
-    for p in start(broken):
+    for p in start(broken, parallel):
         assert p.wait(120) == 0, (broken / "rank0.log").read_text()
     log = (broken / "rank0.log").read_text()
     resumed_from = int(log.split("from step ")[-1].split()[0])

@@ -8,6 +8,7 @@ is blamed, which are victims, and after how long.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -150,7 +151,7 @@ def test_a_save_that_outlasts_this_attempts_saves_by_far_is_a_hang_long_before_t
     for rank in range(4):
         wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "save"}, t)
     assert wd.hang_timeout()[0] == 900  # no save measured yet
-    assert "no save has ended in this attempt yet" in wd.hang_timeout()[1]
+    assert "no save of this run has ended yet" in wd.hang_timeout()[1]
     for rank in (1, 2, 3):  # rank 0 writes what its peers do not: they are out in 0.1 s, which is no save's length
         wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "collective"}, t + 0.1)
     assert wd.hang_timeout()[0] == 900
@@ -164,10 +165,52 @@ def test_a_save_that_outlasts_this_attempts_saves_by_far_is_a_hang_long_before_t
             wd.observe({"kind": "alive", "rank": rank}, t + second)  # a thread beats on: the ranks live, stuck
     bound, why = wd.hang_timeout()
     assert bound == max(PHASE_FLOOR_S, PHASE_MULTIPLE * 2.0)  # from the first rank in to rank 0 out
-    assert "the longest save of this attempt, 2 s" in why
+    assert "the longest save of this run, 2 s" in why
     assert wd.check(t + bound - 1) is None
     finding = wd.check(t + bound + 1)
     assert finding is not None and finding.code == ExitCode.HANG
+
+
+def test_a_stops_save_ends_when_the_ranks_loops_close() -> None:
+    """A stop request's save is the ranks' last phase: they close their loops and exit from it, and it is measured
+    (rank 1 closing first leaves the save under way until rank 0's is done)."""
+    wd, t = training(world=2, steps=10)
+    for rank in range(2):
+        wd.observe({"kind": "phase", "rank": rank, "step": 9, "phase": "save"}, t)
+    wd.observe({"kind": "closed", "rank": 1}, t + 0.5)
+    assert "save" not in wd.longest
+    wd.observe({"kind": "closed", "rank": 0}, t + 2.5)
+    assert wd.longest == {"save": 2.5}
+
+
+def test_an_attempts_one_load_is_judged_by_the_runs_earlier_durable_loads(tmp_path: Path) -> None:
+    """The load an attempt begins with is its only one: the bound comes from the earlier attempts' phase-times.json,
+    their loads of a committed checkpoint only (a 0.1 s load from host memory is no measure of one from disk)."""
+    from clusterctl.rundir import phasetimes
+
+    for number, longest, source in ((1, {"save": 3.0}, None), (2, {"load": 0.1}, "memory"),
+                                    (3, {"save": 2.0, "load": 9.0}, "durable"), (4, {"save": 500.0}, None)):
+        (tmp_path / f"attempt-{number}").mkdir()
+        phasetimes.write(tmp_path / f"attempt-{number}", longest, source)
+    earlier = phasetimes.run_longest(tmp_path, 4)  # attempt 4's own is not earlier
+    assert earlier == {"save": 3.0, "load": 9.0}
+    settings = Settings(hang_timeout=30, load_timeout=900, save_timeout=900, straggler_factor=1.25, window=20)
+    wd = Watchdog(4, HOSTS, 2, settings, earlier)
+    t = 1000.0
+    for rank in range(4):
+        wd.observe({"kind": "phase", "rank": rank, "step": -1, "phase": "load", "pid": 100 + rank}, t)
+    for second in range(1, 80):
+        for rank in range(4):
+            wd.observe({"kind": "alive", "rank": rank}, t + second)  # beating, and no rank gets out of the load
+    bound, why = wd.hang_timeout()
+    assert bound == max(PHASE_FLOOR_S, PHASE_MULTIPLE * 9.0) and "the longest load of this run, 9 s" in why
+    assert wd.check(t + bound - 1) is None
+    finding = wd.check(t + bound + 1)
+    assert finding is not None and finding.code == ExitCode.HANG
+    fresh = Watchdog(4, HOSTS, 2, settings, phasetimes.run_longest(tmp_path, 3))  # only a memory load before it
+    for rank in range(4):
+        fresh.observe({"kind": "phase", "rank": rank, "step": -1, "phase": "load"}, t)
+    assert fresh.hang_timeout()[0] == 900
 
 
 def test_a_slow_save_whose_ranks_all_beat_waits_for_the_saves_timeout() -> None:

@@ -307,9 +307,10 @@ class Watchdog(Section):
     )
     window: PositiveInt = Field(20, description="steps over which step times are compared")
     save_timeout: Seconds = Field(900, description="a checkpoint save may take this long at most; once a save of the"
-                                  " attempt has ended, one is a hang at 5x the longest so far (at least 60 s)")
-    load_timeout: Seconds = Field(900, description="loading a checkpoint may take this long at most; once a load of the"
-                                  " attempt has ended, one is a hang at 5x the longest so far (at least 60 s)")
+                                  " run has ended, one is a hang at 5x the longest so far (at least 60 s)")
+    load_timeout: Seconds = Field(900, description="loading a checkpoint may take this long at most; once an earlier"
+                                  " attempt has loaded a committed checkpoint, a load is a hang at 5x the longest of"
+                                  " those (at least 60 s)")
     steps: Literal["auto", "contract", "off"] = Field(
         "auto",
         description="where step reports come from: auto (torch's optimizer and collective hooks, or the Contract"

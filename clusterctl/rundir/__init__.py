@@ -8,6 +8,7 @@
     attemptjson  attempt-N/attempt.json: one launch of all ranks
     verdict      attempt-N/verdict.json: the verdict, and its one writer
     timeline     attempt-N/timeline.jsonl: what the controller learned, per record kind
+    phasetimes   attempt-N/phase-times.json: its measured saves and load, the next attempts' bounds
     metrics      attempt-N/metrics.jsonl: rank 0's per-step records
     rankmanifest attempt-N/manifest.json: every rank's registration
     suspects     nodes recent verdicts blamed, kept in the runs root

@@ -81,6 +81,7 @@ AGGREGATOR_LOG = "aggregator-{slot}.log"  # attempt-N/logs/: one node's aggregat
 AGGREGATOR_SRUN_LOG = "aggregators-srun.log"  # attempt-N/logs/: srun's own lines about the aggregators' step, off the batch log
 DRILL = "drill.json"  # attempt-N/: a fault `clusterctl drill` injected (its culprits are suspects marked as drills)
 TRAINER_SUMMARY = "trainer-summary.json"  # attempt-N/: the reference trainer's closing figures
+PHASE_TIMES = "phase-times.json"  # attempt-N/: its measured checkpoint saves and load (phasetimes.py), the next attempts' bounds
 BUSY_RATE = "busy-rate.json"  # the reference trainer's calibrated busy compute (--step-compute-s), reused by its restarts
 
 

@@ -58,7 +58,7 @@ from typing import Any, Iterator
 from clusterctl import envnames, rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
-from clusterctl.rundir import rankmanifest, runjson, write_json_atomic
+from clusterctl.rundir import phasetimes, rankmanifest, runjson, write_json_atomic
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime import admission, collect, filelimit, registration, stacks
 from clusterctl.runtime.blame import parse_srun_lines, stopped_on_request
@@ -67,6 +67,7 @@ from clusterctl.runtime.response import Response
 from clusterctl.runtime.verdicts import VerdictKeeper
 from clusterctl.runtime.watchdog import Watchdog
 from clusterctl.runtime.watchserver import WatchServer
+from clusterctl.trainer import runrecord
 
 READY = rundir.CONTROLLER_JSON
 POLL_S = 0.02
@@ -264,7 +265,9 @@ class Controller:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind((host, 0))
         sock.listen(listen_backlog())
-        watchdog = Watchdog(self.world, self.hosts, self.gpn, self.run.watchdog)
+        number = self.attempt_dir.name.removeprefix(rundir.ATTEMPT_PREFIX)
+        earlier = phasetimes.run_longest(self.run_dir, int(number)) if number.isdigit() else {}
+        watchdog = Watchdog(self.world, self.hosts, self.gpn, self.run.watchdog, earlier)
         server = WatchServer(sock, self.token, watchdog, self.attempt_dir / rundir.TIMELINE, self.on_finding, log)
         self.response = Response(self.attempt_dir, server, watchdog, self.keeper)
         server.start()
@@ -507,7 +510,15 @@ class Controller:
         finally:
             if self.watch is not None:
                 self.watch.close()
+                self.record_phase_times(self.watch.watchdog)
             stacks.remove_empty(self.attempt_dir)
+
+    def record_phase_times(self, watchdog: Watchdog) -> None:
+        """The saves and load this attempt measured, for the next attempts' bounds (rundir/phasetimes.py)."""
+        try:
+            phasetimes.write(self.attempt_dir, watchdog.longest, runrecord.loaded_from(self.attempt_dir))
+        except OSError as exc:
+            log(f"cannot write {rundir.PHASE_TIMES}: {exc}")
 
     def _final_code(self, verdict: Verdict) -> int:
         if not verdict.ok:

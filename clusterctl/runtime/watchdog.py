@@ -12,11 +12,12 @@ Rules (docs/design/watchdog.md says the same):
   median step time of the recent window, at least `HANG_FLOOR_S` and at most
   `watchdog.hang_timeout`; during warm-up, an evaluation or before the first
   step it is `watchdog.hang_timeout`; while a rank saves a checkpoint it is
-  `PHASE_MULTIPLE` times the longest save this attempt measured (from the
-  first rank in to the last one out), at least
+  `PHASE_MULTIPLE` times the longest save this run measured (from the
+  first rank in to the last one out; earlier attempts' too), at least
   `PHASE_FLOOR_S` and at most `watchdog.save_timeout` (that bound itself
-  before the first save ended), and while one loads a checkpoint the same
-  from its loads and `watchdog.load_timeout` — but a rank whose process stopped, or whose
+  before the run's first save ended), and while one loads a checkpoint the
+  same from the earlier attempts' loads of a committed checkpoint and
+  `watchdog.load_timeout` — but a rank whose process stopped, or whose
   liveness beat stayed silent for the step's timeout while its peers beat
   on, is judged at the step's timeout in every phase. The culprit is, in this order: the rank whose
   process is stopped or whose liveness beat stopped; the rank that never
@@ -58,7 +59,7 @@ HANG_FLOOR_S = 3.0
 LIVENESS_TIMEOUT_S = 4.0  # beats come every second: four missed in a row
 WARMUP_STEPS = 5
 PERSIST_STEPS = 5  # a straggler must stay one this many steps: noise flickers, a slow GPU persists
-PHASE_MULTIPLE = 5.0  # a save or load may take this many times the longest one this attempt measured...
+PHASE_MULTIPLE = 5.0  # a save or load may take this many times the longest one this run measured...
 PHASE_FLOOR_S = 60.0  # ...and at least this long: a busier filesystem, a larger shard, a cold cache
 MEASURED_PHASES = ("save", "load")
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
@@ -87,7 +88,9 @@ class RankState:
 
 
 class Watchdog:
-    def __init__(self, world: int, hosts: list[str], gpus_per_node: int, settings: WatchdogRecord) -> None:
+    def __init__(self, world: int, hosts: list[str], gpus_per_node: int, settings: WatchdogRecord,
+                 earlier: dict[str, float] | None = None) -> None:
+        """`earlier`: the longest save and durable load of this run's earlier attempts (rundir/phasetimes.py)."""
         self.world = world
         self.hosts = hosts
         self.gpn = gpus_per_node
@@ -99,6 +102,7 @@ class Watchdog:
         self.lost_nodes: dict[str, float] = {}  # node -> when its aggregator vanished without goodbye
         self._suspect: tuple[int, int] | None = None  # (rank, step when first flagged)
         self.longest: dict[str, float] = {}  # save/load -> the longest one every rank finished in this attempt, seconds
+        self.earlier = dict(earlier or {})  # save/load -> the longest of this run's earlier attempts, seconds
         self._round: dict[str, float] = {}  # save/load -> when the first rank entered the one under way
 
     # --- input -------------------------------------------------------------------
@@ -118,6 +122,8 @@ class Watchdog:
         kind = msg.get("kind")  # hello (pid only), alive, phase, step, closed
         if kind == "closed":
             state.closed = True
+            if state.phase in self._round:  # a stop's save is the rank's last phase: its loop closing ends it
+                self._round_ended(state.phase, received)
         step = int(msg.get("step", state.step))
         phase = str(msg.get("phase", state.phase))
         sent = float(msg.get("t") or 0.0)
@@ -148,7 +154,7 @@ class Watchdog:
         """A save or load is measured once every live rank is out of it, from the first rank's start to the last
         one's end: where one rank writes what the others do not (rank 0's full state), the others' quick exits are
         not its length."""
-        if any(r.phase == phase and r.process != "gone" for r in self.ranks):
+        if any(r.phase == phase and r.process != "gone" and not r.closed for r in self.ranks):
             return
         took = now - self._round.pop(phase)
         self.longest[phase] = max(took, self.longest.get(phase, 0.0))
@@ -214,13 +220,14 @@ class Watchdog:
         return None
 
     def _measured(self, phase: str, bound: float, what: str) -> tuple[float, str]:
-        """A save's or load's timeout from the longest this attempt measured: a save that took 2 s is hung long
-        before the configured 15 minutes; the configured bound until one has ended, and never above it."""
-        took = self.longest.get(phase)
-        if took is None:
-            return bound, f"{what} (watchdog.{phase}_timeout: no {phase} has ended in this attempt yet)"
+        """A save's or load's timeout from the longest this run measured (this attempt's, or an earlier one's): a save
+        that took 2 s is hung long before the configured 15 minutes; the configured bound until one has ended, and
+        never above it. An attempt begins with its one load, so only earlier attempts can measure it."""
+        took = max(self.longest.get(phase, -1.0), self.earlier.get(phase, -1.0))
+        if took < 0:
+            return bound, f"{what} (watchdog.{phase}_timeout: no {phase} of this run has ended yet)"
         timeout = min(bound, max(PHASE_FLOOR_S, PHASE_MULTIPLE * took))
-        return timeout, (f"{what} ({PHASE_MULTIPLE:g} x the longest {phase} of this attempt, {took:.3g} s, at least"
+        return timeout, (f"{what} ({PHASE_MULTIPLE:g} x the longest {phase} of this run, {took:.3g} s, at least"
                          f" {PHASE_FLOOR_S:g} s, at most watchdog.{phase}_timeout {bound:g} s)")
 
     def _step_timeout(self) -> tuple[float, str]:
