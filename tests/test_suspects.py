@@ -94,6 +94,47 @@ def test_a_node_an_earlier_drill_blamed_returns_in_the_next_job(tmp_path: Path, 
     assert sorted(suspects.nodes(tmp_path / "drilled")) == ["n2", "n3"] and suspects.nodes(tmp_path / "drilled")["n2"].latest.drill
 
 
+def test_a_node_an_earlier_drill_blamed_is_the_allocations_spare_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes and a spare: the first drilled hang's node is replaced by the spare; the second's, with no spare
+    left, by the first drill's node, in the same job (a soak of drills restarts warm instead of waiting for a new
+    job). Real faults' nodes stay out: the second real one needs a new job."""
+    from clusterctl.rundir import history
+    from clusterctl.runtime import nextattempt
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sbatch.argv"
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\necho 7\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1,n2,n3")
+    nexts = {}
+    for drilled in (True, False):
+        run = tmp_path / ("drilled" if drilled else "real") / "r-after"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text(json.dumps({"restart": {"budget": 3}}))
+        hosts = ["n1", "n2"]
+        for attempt in (1, 2):
+            (run / f"attempt-{attempt}").mkdir()
+            verdict = {"ok": False, "code": 82, "message": f"hang: rank 1 on {hosts[1]}: process stopped", "fault": "node",
+                       "culprits": [{"rank": 1, "host": hosts[1], "gpu": 0, "reason": "process stopped", "evidence": "stopped"}]}
+            (run / f"attempt-{attempt}" / "verdict.json").write_text(json.dumps(verdict))
+            if drilled:
+                (run / f"attempt-{attempt}" / "drill.json").write_text(json.dumps({"fault": "hang", "target": 1}))
+            (run / "hosts").write_text("\n".join(hosts) + "\n")
+            nextattempt.main(["after", "--run-dir", str(run), "--nodes", "2", "--attempt", str(attempt), "--code", "82",
+                              "--srun-exit", "137", "--hosts-file", str(run / "hosts")])
+            step = [e for e in history.read_events(run / "attempts.jsonl") if e.get("event") == history.EVENT_NEXT][-1]
+            hosts = list(step.get("hosts") or [])
+        nexts[drilled] = [(e["how"], e.get("hosts"), e["exclude"]) for e in history.read_events(run / "attempts.jsonl")
+                          if e.get("event") == history.EVENT_NEXT]
+    assert nexts[True] == [(history.NEXT_ALLOCATION, ["n1", "n3"], ["n2"]), (history.NEXT_ALLOCATION, ["n1", "n2"], ["n3"])]
+    assert [(how, exclude) for how, _, exclude in nexts[False]] == [(history.NEXT_ALLOCATION, ["n2"]),
+                                                                    (history.NEXT_CONTINUATION, ["n2", "n3"])]
+    assert len(calls.read_text().splitlines()) == 1  # the real faults' new job, only
+
+
 def test_the_scripts_own_error_makes_no_suspect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     same = {"ok": False, "code": 88, "fault": "script", "message": "the script failed the same way on every rank (2)",
             "culprits": [{"rank": 0, "host": "n1", "reason": "script failed: ValueError", "evidence": "exception"},

@@ -18,10 +18,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from clusterctl.rundir.jsonio import read_json, write_json_atomic
-from clusterctl.rundir.layout import ATTEMPT_PREFIX, PHASE_TIMES
+from clusterctl.rundir.layout import ATTEMPT_PREFIX, PHASE_TIMES, RECORD
 
 LOAD_DURABLE = "durable"
 LOAD_MEMORY = "memory"
+
+
+def loaded_from(attempt_dir: Path) -> str | None:
+    """What the attempt's resume read, from its run record (attempt-N/record.json, whose `recovery.resumed_from`
+    trainer/runrecord.py's `resumed` writes): a committed generation, host memory, or None (from scratch, or no
+    record: a script without the Contract or an adapter)."""
+    record = read_json(attempt_dir / RECORD) or {}
+    recovery = record.get("recovery")
+    source = recovery.get("resumed_from") if isinstance(recovery, dict) else None
+    if not isinstance(source, dict):
+        return None
+    return LOAD_MEMORY if source.get("memory") else LOAD_DURABLE
 
 
 def write(attempt_dir: Path, longest: dict[str, float], load_from: str | None) -> None:

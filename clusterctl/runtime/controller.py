@@ -67,7 +67,6 @@ from clusterctl.runtime.response import Response
 from clusterctl.runtime.verdicts import VerdictKeeper
 from clusterctl.runtime.watchdog import Watchdog
 from clusterctl.runtime.watchserver import WatchServer
-from clusterctl.trainer import runrecord
 
 READY = rundir.CONTROLLER_JSON
 POLL_S = 0.02
@@ -516,7 +515,7 @@ class Controller:
     def record_phase_times(self, watchdog: Watchdog) -> None:
         """The saves and load this attempt measured, for the next attempts' bounds (rundir/phasetimes.py)."""
         try:
-            phasetimes.write(self.attempt_dir, watchdog.longest, runrecord.loaded_from(self.attempt_dir))
+            phasetimes.write(self.attempt_dir, watchdog.longest, phasetimes.loaded_from(self.attempt_dir))
         except OSError as exc:
             log(f"cannot write {rundir.PHASE_TIMES}: {exc}")
 

@@ -160,9 +160,10 @@ def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[
 
 def drilled_before(run: RunDir, told: history.History, ended: Ended) -> set[str]:
     """Nodes that only earlier attempts' `clusterctl drill` faults blamed (attempt-N/drill.json) since the run's
-    last requeue by hand: healthy by construction. This attempt's culprits stay out of the next job, as the real
-    fault's would (the drill rehearses that continuation); an earlier drill's come back, or a run drilled again
-    and again would run out of nodes that nothing is wrong with."""
+    last requeue by hand: healthy by construction. This attempt's culprits stay out of the next attempt, as the
+    real fault's would (the drill rehearses that restart); an earlier drill's come back, as a spare of the
+    allocation or in the next job, or a run drilled again and again would run out of nodes that nothing is
+    wrong with (and a soak of drills would measure the queue instead of the restart)."""
     from clusterctl.rundir import layout
 
     drilled: set[str] = set()
@@ -307,15 +308,13 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     failure = given if given is not None and not given.ok else None
     ended = ended_from(args.code, failure, committed_step(run, run_json))
     told = history.read(run)
+    back = drilled_before(run, told, ended) - set(run_json.exclude)  # in this allocation as in the next job
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
-        tuple(told.avoided(run_json.exclude)), slurm_end(job_id, bool(args.signal), env), cancelled_by(run),
-        runjson.host_domains(run_json),
+        tuple(h for h in told.avoided(run_json.exclude) if h not in back), slurm_end(job_id, bool(args.signal), env),
+        cancelled_by(run), runjson.host_domains(run_json),
     )
     decision = unless_cancelled(run, decide(ended, situation, Policy.from_run(run_json)))
-    if decision.action == "continue":
-        back = drilled_before(run, told, ended) - set(run_json.exclude)
-        decision.exclude = [h for h in decision.exclude if h not in back]
     said = ended.reason
     if decision.cancelled_by and (recorded := record_cancel(run.attempt(args.attempt), given, decision.cancelled_by)):
         said = recorded.message

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl import envnames, rundir
-from clusterctl.rundir import phasetimes
 from clusterctl.trainer.settings import attempt
 
 
@@ -40,16 +39,6 @@ def write(groups: dict[str, dict[str, Any]], *, rank: int, replace: bool, writer
         rundir.write_json_atomic(path, record)
     except (OSError, TypeError, ValueError) as exc:
         print(f"clusterctl: warning: could not write the run record {path}: {exc}", file=sys.stderr, flush=True)
-
-
-def loaded_from(attempt_dir: Path) -> str | None:
-    """What the attempt's resume read, from its record: a committed generation ("durable"), host memory ("memory"),
-    or None (from scratch, or no record: a script without the Contract or an adapter)."""
-    record = rundir.read_json(attempt_dir / rundir.RECORD) or {}
-    source = (record.get("recovery") or {}).get("resumed_from") if isinstance(record.get("recovery"), dict) else None
-    if not isinstance(source, dict):
-        return None
-    return phasetimes.LOAD_MEMORY if source.get("memory") else phasetimes.LOAD_DURABLE
 
 
 def resumed(directory: Path, world: int, *, generation: Any = None, memory: Any = None,
