@@ -46,6 +46,17 @@ def after_attempt(runs: Path, monkeypatch: pytest.MonkeyPatch, code: int, verdic
     return run
 
 
+def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An sbatch on PATH that records its arguments (the file it returns) and answers job 7."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sbatch.argv"
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\necho 7\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return calls
+
+
 def test_a_blamed_node_is_remembered_with_what_pointed_at_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stopped = {"ok": False, "code": 82, "message": "hang: rank 1 on n2: process stopped", "fault": "node",
                "culprits": [{"rank": 1, "host": "n2", "gpu": 0, "reason": "process stopped", "evidence": "stopped"}]}
@@ -62,12 +73,7 @@ def test_a_node_an_earlier_drill_blamed_returns_in_the_next_job(tmp_path: Path, 
     nodes nothing is wrong with). Real faults' nodes stay out."""
     from clusterctl.runtime import nextattempt
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "sbatch.argv"
-    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\necho 7\n")
-    (bin_dir / "sbatch").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    calls = fake_sbatch(tmp_path, monkeypatch)
 
     def hang(host: str) -> dict:
         return {"ok": False, "code": 82, "message": f"hang: rank 1 on {host}: process stopped", "fault": "node",
@@ -101,12 +107,7 @@ def test_a_node_an_earlier_drill_blamed_is_the_allocations_spare_again(tmp_path:
     from clusterctl.rundir import history
     from clusterctl.runtime import nextattempt
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "sbatch.argv"
-    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\necho 7\n")
-    (bin_dir / "sbatch").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    calls = fake_sbatch(tmp_path, monkeypatch)
     monkeypatch.setenv("SLURM_JOB_ID", "6")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n1,n2,n3")
     nexts = {}
