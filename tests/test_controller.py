@@ -158,6 +158,23 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
     assert "rank 3 on n2 failed: script failed" in out
 
 
+def test_junk_in_the_stores_lists_is_skipped_and_the_attempt_is_judged(tmp_path: Path) -> None:
+    """Anyone who reaches the store can write to it: one bad `duplicates` item crashed the controller (no
+    verdict, the attempt counted 84). Junk in both lists is skipped; the real failure is judged."""
+    from clusterctl.runtime import registration
+
+    ctl = Controller(make_run(tmp_path))
+    stranger = rendezvous.connect(ctl.info(0), 20)
+    stranger.append(registration.DUPLICATES, "x:y,1:,-1:2,99:2,0:1,\xff,")
+    stranger.append(registration.ERRORED, "nope,-3,99,,")
+    results = run_ranks(ctl, [(r, rank_record(r), "Traceback: boom on rank 1" if r == 1 else None) for r in range(4)])
+    assert len(results) == 4 and all(v["ok"] for v in results.values()), results
+    code, out = ctl.stop()
+    assert code == ExitCode.SCRIPT_FAILED and "Traceback (most recent call last)" not in out, out
+    verdict = json.loads((ctl.attempt / "verdict.json").read_text())
+    assert [(c["rank"], c["host"]) for c in verdict["culprits"]] == [(1, "n1")], verdict
+
+
 def test_ranks_that_never_arrive_are_named_after_the_timeout(tmp_path: Path) -> None:
     attempt = make_run(tmp_path, timeout_s=3)
     (attempt / "logs" / "node-1.log").write_text("3: ModuleNotFoundError: No module named 'torch'\n")

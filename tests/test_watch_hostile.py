@@ -109,9 +109,12 @@ def test_only_a_greeting_made_with_the_secret_is_heard_and_no_greeting_crosses_t
     assert closed_by_server(twin)
     time.sleep(watchserver.CHECK_EVERY_S * 2)
     assert not srv.watchdog.lost_nodes and srv.findings == []
-    assert sum("without this attempt's secret" in line for line in srv.logged) == 3, srv.logged
-    assert any("a second hello for node n1" in line for line in srv.logged)
+    # Logged once for this address (then counted: a flood would fill the batch log), and the second hello once.
+    assert sum("without this attempt's secret" in line for line in srv.logged) == 1, srv.logged
+    assert any("a second hello for node 'n1'" in line for line in srv.logged)
     first.sendall(b'{"kind": "bye"}\n')
+    srv.server.close()
+    assert any(line.startswith("turned away 2 more connections (2 from 127.0.0.1)") for line in srv.logged), srv.logged
 
 
 def test_a_flood_of_strangers_is_bounded_and_the_genuine_aggregator_still_gets_in(srv: Server, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,6 +181,63 @@ def test_garbage_after_a_valid_hello_is_ignored_and_the_server_stays_up(srv: Ser
     assert srv.server.wait_until(lambda: srv.watchdog.ranks[0].step == 9, 5)
     assert srv.server._thread.is_alive()
     conn.sendall(b'{"kind": "bye"}\n')
+
+
+def test_a_line_nested_past_the_parsers_depth_costs_nothing_and_a_stopped_rank_is_still_named(tmp_path: Path) -> None:
+    """3,001 bytes of `[` killed the watch thread (RecursionError): new connections got no challenge, and a rank
+    stopped afterwards got no verdict. Now the line is skipped, before a hello and after one."""
+    srv = Server(tmp_path)
+    try:
+        stranger = srv.connect()
+        read_challenge(stranger)
+        stranger.sendall(b"[" * 3001 + b"\n")
+        n1, n2 = srv.greet("n1"), srv.greet("n2")  # the thread still greets
+        n1.sendall(b"[" * 100_000 + b"\n")  # a greeted peer's line may be longer: skipped too
+        for step in range(8):  # past the warm-up: the step's timeout is the 3 s floor
+            for conn, rank in ((n1, 0), (n2, 1)):
+                beat = {"kind": "step", "rank": rank, "step": step, "phase": "forward", "pid": 1, "step_s": 0.1}
+                conn.sendall((json.dumps({"kind": "batch", "beats": [beat]}) + "\n").encode())
+        assert srv.server.wait_until(lambda: srv.watchdog.ranks[1].step == 7, 5)
+        procs = {"kind": "batch", "beats": [], "procs": {"1": "stopped"}}
+        n2.sendall((json.dumps(procs) + "\n").encode())
+        deadline = time.monotonic() + 15
+        while not srv.findings and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert srv.server._thread.is_alive()
+        assert srv.findings and srv.findings[0].code == 82 and [c["rank"] for c in srv.findings[0].culprits] == [1]
+    finally:
+        srv.server.close()
+
+
+def test_a_flood_of_refused_hellos_logs_a_few_short_lines(srv: Server) -> None:
+    """22,244 refused hellos in 10 s, each naming a 4 KB node, added 80.8 MB to the batch log."""
+    for _ in range(200):
+        conn = srv.connect()
+        nonce = read_challenge(conn)
+        conn.sendall(greeting.hello("a-guess", nonce, "n" * 3000, 1))
+        assert closed_by_server(conn)
+    srv.server.close()
+    assert len(srv.logged) <= 3 and all(len(line) < 300 for line in srv.logged), srv.logged
+    assert any("199 more connections" in line for line in srv.logged), srv.logged
+
+
+def test_a_watch_thread_that_fails_ends_the_attempt_with_a_verdict_that_says_so(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = Server(tmp_path)
+    try:
+        def broken(now: float) -> None:
+            raise RuntimeError("a bug in a rule")
+
+        monkeypatch.setattr(srv.watchdog, "verdict", broken)
+        deadline = time.monotonic() + 5
+        while not srv.findings and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (finding,) = srv.findings
+        assert finding.code == 1 and not finding.culprits and "detection was off" in finding.message, finding
+        assert "RuntimeError: a bug in a rule" in finding.message
+        assert any("the watch server stopped" in line for line in srv.logged)
+    finally:
+        srv.server.close()
 
 
 def test_the_aggregator_drops_malformed_datagrams_and_keeps_the_good_ones(tmp_path: Path) -> None:

@@ -318,9 +318,6 @@ class Controller:
             time.sleep(POLL_S)
         return self.store.add(registration.ARRIVED, 0)
 
-    def _listed(self, key: str) -> list[str]:
-        return registration.parse_list(self.store.get(key)) if self.store.check([key]) else []
-
     def collect(self) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
         """Registrations (their summaries), duplicates and early errors.
 
@@ -336,16 +333,23 @@ class Controller:
         for r, raw in collect.iter_present(store, keys):
             records[r] = registration.share_values(registration.decode_registration(raw)[0], seen)
         duplicates: dict[int, list[dict]] = {}
-        for item in self._listed(registration.DUPLICATES):
-            rank, claim = (int(x) for x in item.split(":"))
+        for rank, claim in registration.parse_claims(self._raw(registration.DUPLICATES), self.world):
             key = registration.reg_key(rank, claim)
             if store.check([key]):
                 duplicates.setdefault(rank, []).append(registration.decode_registration(store.get(key))[0])
-        errors = {
-            int(r): store.get(registration.error_key(int(r))).decode(errors="replace")
-            for r in self._listed(registration.ERRORED)
-        }
-        return records, duplicates, errors
+        return records, duplicates, self._errors()
+
+    def _raw(self, key: str) -> bytes:
+        return self.store.get(key) if self.store.check([key]) else b""
+
+    def _errors(self) -> dict[int, str]:
+        """The ranks' error reports (ERRORED lists them): rank -> text; a listed rank without one is skipped."""
+        errors = {}
+        for rank in registration.parse_ranks(self._raw(registration.ERRORED), self.world):
+            key = registration.error_key(rank)
+            if self.store.check([key]):
+                errors[rank] = self.store.get(key).decode(errors="replace")
+        return errors
 
     def node_log_errors(self, missing: list[int]) -> dict[int, str]:
         """For missing ranks, the first line each wrote to its node log (srun --label: `R: text`)."""
@@ -558,10 +562,7 @@ class Controller:
         """Culprits apart from victims (runtime/response.py), once every rank is done; None when none failed."""
         if self.response is None:
             return None
-        errors = {
-            int(r): self.store.get(registration.error_key(int(r))).decode(errors="replace")
-            for r in self._listed(registration.ERRORED)
-        }
+        errors = self._errors()
         returned = registration.parse_returned(self.store.get(registration.RETURNED)) if self.store.check(
             [registration.RETURNED]) else {}
         return self.response.end_verdict(errors, {r: rec.get("gpu") for r, rec in self.records.items()}, returned)

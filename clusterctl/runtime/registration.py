@@ -33,7 +33,28 @@ def parse_returned(raw: bytes) -> dict[int, int]:
 
 
 def parse_list(raw: bytes) -> list[str]:
-    return [item for item in raw.decode().split(",") if item]
+    return [item for item in raw.decode(errors="replace").split(",") if item]
+
+
+def parse_ranks(raw: bytes, world: int) -> list[int]:
+    """ERRORED's "rank," items: the ranks of this world, each once, in order (whatever else anyone wrote is skipped:
+    the store takes any client's writes, and one bad item must not crash the controller)."""
+    found: dict[int, None] = {}
+    for item in parse_list(raw):
+        if item.isdigit() and int(item) < world:
+            found.setdefault(int(item))
+    return list(found)
+
+
+def parse_claims(raw: bytes, world: int) -> list[tuple[int, int]]:
+    """DUPLICATES's "rank:claim," items as (rank, claim), a later claimant's (claim >= 2) of a rank of this world;
+    anything else is skipped."""
+    found: dict[tuple[int, int], None] = {}
+    for item in parse_list(raw):
+        rank, _, claim = item.partition(":")
+        if rank.isdigit() and claim.isdigit() and int(rank) < world and int(claim) >= 2:
+            found.setdefault((int(rank), int(claim)))
+    return list(found)
 
 
 def claim_key(rank: int) -> str:

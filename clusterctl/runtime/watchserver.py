@@ -17,6 +17,14 @@ MAX_LINE; one hello per node. Sends never block the thread: a command waits
 in the connection's own buffer, and a connection that lets OUT_LIMIT pile
 up (it stopped reading) is dropped (a node's aggregator: its node is lost,
 after the watchdog's usual confirmation).
+
+Nothing a peer sends can stop the thread: a line that cannot be parsed
+(nested past any depth, not JSON) is skipped, and any error while serving
+one connection drops that connection alone. Refusals are logged once per
+peer address and reason and then counted, in one line per REFUSAL_SUMMARY_S, never
+with more than SHOWN_CHARS of the peer's own text: a flood cannot fill the
+batch log. Should the thread itself fail, it says so as the attempt's
+verdict: detection is never off in silence.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from clusterctl.exitcodes import BUG_REPORT_HINT, ExitCode
 from clusterctl.rundir import timeline
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime import greeting
@@ -41,6 +50,43 @@ HELLO_DEADLINE_S = 10.0
 UNGREETED_PER_PEER = 32
 UNGREETED_TOTAL = 256
 OUT_LIMIT = 1 << 16  # commands are a few bytes: a backlog this size means the peer stopped reading
+REFUSAL_SUMMARY_S = 60.0  # after a peer's first refusal is logged, its later ones are counted, one line this often
+SHOWN_CHARS = 40  # of a peer's own text (the node a stranger's hello names) in a log line
+
+
+def shown(value: Any) -> str:
+    """A peer's value as a log line may show it: repr'd, at most SHOWN_CHARS."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+class RefusalLog:
+    """Refused connections, logged at a bounded rate: each peer's first in full, the rest counted per period."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.counts: dict[str, int] = {}  # peer -> refusals not yet logged
+        self.seen: set[tuple[str, str]] = set()  # (peer, kind) logged once
+        self.last_summary = time.monotonic()
+
+    def refused(self, peer: str, kind: str, why: str) -> None:
+        """`kind`: the refusal's reason in a word or two (its first time from a peer is logged with `why`)."""
+        if (peer, kind) not in self.seen:
+            self.seen.add((peer, kind))
+            self.log(f"turned away a connection: {why}")
+            return
+        self.counts[peer] = self.counts.get(peer, 0) + 1
+
+    def summarize(self, now: float, force: bool = False) -> None:
+        """One line per period for the peers refused again since the last one."""
+        if not self.counts or (not force and now - self.last_summary < REFUSAL_SUMMARY_S):
+            return
+        self.last_summary = now
+        busiest = sorted(self.counts.items(), key=lambda item: -item[1])
+        said = ", ".join(f"{n} from {peer}" for peer, n in busiest[:5]) + (
+            f" and {sum(n for _, n in busiest[5:])} from {len(busiest) - 5} more addresses" if len(busiest) > 5 else "")
+        self.log(f"turned away {sum(self.counts.values())} more connections ({said}), logged once a minute")
+        self.counts.clear()
 
 
 class WatchServer:
@@ -66,6 +112,7 @@ class WatchServer:
         self.armed = False
         self.closing = False
         self._timeline = timeline.TimelineWriter(timeline_path)
+        self.refusals = RefusalLog(log)
         self._thread = threading.Thread(target=self._serve, name="clusterctl-watch", daemon=True)
 
     @property
@@ -131,10 +178,17 @@ class WatchServer:
             self.listener.close()
         except OSError:
             pass
+        self.refusals.summarize(time.monotonic(), force=True)
         self._timeline.close()
 
     # --- the thread -----------------------------------------------------------------
     def _serve(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - whatever it is, detection must not end unsaid
+            self._died(exc)
+
+    def _loop(self) -> None:
         next_check = time.monotonic() + CHECK_EVERY_S
         while True:
             with self.lock:
@@ -144,11 +198,41 @@ class WatchServer:
                 if key.fileobj is self.listener:
                     self._accept()
                 else:
-                    self._read(key.fileobj)  # type: ignore[arg-type]
+                    self._serve_one(key.fileobj)  # type: ignore[arg-type]
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_EVERY_S
                 self._tend()
                 self._check()
+                self.refusals.summarize(time.monotonic())
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        """One connection's input; an error it causes is that connection's, never the thread's that serves every
+        node: a stranger's connection is turned away, a node's keeps going without what raised (dropping it would
+        call its node lost, a blame no node earned)."""
+        try:
+            self._read(conn)
+        except Exception as exc:  # noqa: BLE001 - a peer's input, however odd, costs the thread nothing
+            info = self.conns.get(conn)
+            if info is None:
+                return
+            if info.get("greeted"):
+                info["buffer"] = b""
+                self.log(f"skipped input from node {shown(info['node'])}: serving it raised {type(exc).__name__}")
+            else:
+                with self.lock:
+                    self._refuse(conn, f"serving a connection from {info['peer']} raised {type(exc).__name__}", "raised")
+
+    def _died(self, exc: BaseException) -> None:
+        """The serving thread failed: the attempt ends with a verdict that says detection stopped, not in silence."""
+        why = f"{type(exc).__name__}: {exc}"[:200]
+        self.log(f"the watch server stopped ({why}): hang and straggler detection is off, so the attempt ends")
+        finding = Verdict(False, int(ExitCode.BUG), f"the watch server stopped ({why}): hang and straggler detection"
+                          f" was off, so the attempt was ended; {BUG_REPORT_HINT}", [])
+        with self.lock:
+            if self.finding is not None:
+                return
+            self.finding = finding
+        self.on_finding(finding)
 
     def _tend(self) -> None:
         """Send what waits; close connections that never greeted in time, drop those that stopped reading."""
@@ -158,21 +242,21 @@ class WatchServer:
                 if info["out"]:
                     self._flush(conn, info)
                 if not info["greeted"] and now - info["since"] > HELLO_DEADLINE_S:
-                    self._refuse(conn, f"no hello within {HELLO_DEADLINE_S:.0f} s from {info['peer']}")
+                    self._refuse(conn, f"no hello within {HELLO_DEADLINE_S:.0f} s from {info['peer']}", "late")
         for conn, info in [(c, i) for c, i in list(self.conns.items()) if i.get("stuck")]:
             self.log(f"dropped the connection of node {info['node']}: it stopped reading ({len(info['out'])} bytes waiting)")
             self._drop(conn, info)
 
-    def _refuse(self, conn: socket.socket, why: str | None) -> None:
-        """Close a connection that never greeted (under the lock): nothing it sent counted. `why` is logged
-        (None: not one by one, as a flood would fill the batch log)."""
+    def _refuse(self, conn: socket.socket, why: str | None, kind: str = "") -> None:
+        """Close a connection that never greeted (under the lock): nothing it sent counted. `why` is logged the
+        first time a peer is refused for `kind`, and counted after (None: never one by one, a flood's oldest)."""
         try:
             self.selector.unregister(conn)
         except (KeyError, ValueError):
             pass
-        self.conns.pop(conn, None)
+        info = self.conns.pop(conn, None)
         if why:
-            self.log(f"turned away a connection: {why}")  # before the close, which the peer sees at once
+            self.refusals.refused(info["peer"] if info else "?", kind, why)  # before the close, which the peer sees at once
         conn.close()
 
     def _accept(self) -> None:
@@ -213,7 +297,7 @@ class WatchServer:
         info["buffer"] += data
         if not info["greeted"] and len(info["buffer"]) > PRE_HELLO_BYTES:
             with self.lock:
-                self._refuse(conn, f"{len(info['buffer'])} bytes before a hello from {info['peer']}")
+                self._refuse(conn, f"{len(info['buffer'])} bytes before a hello from {info['peer']}", "bytes")
             return
         if len(info["buffer"]) > MAX_LINE:
             self._drop(conn, info)
@@ -225,17 +309,17 @@ class WatchServer:
             for line in lines:
                 try:
                     msg = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
                     continue
                 if not isinstance(msg, dict):
                     continue
                 if not info["greeted"]:
                     node = msg.get("node")
                     if not greeting.verify(self.token, info["nonce"], msg):
-                        self._refuse(conn, f"a hello without this attempt's secret from {info['peer']} (node {node!r})")
+                        self._refuse(conn, f"a hello without this attempt's secret from {info['peer']} (node {shown(node)})", "secret")
                         return
                     if any(i["greeted"] and i["node"] == node for i in self.conns.values()):
-                        self._refuse(conn, f"a second hello for node {node} from {info['peer']}")
+                        self._refuse(conn, f"a second hello for node {shown(node)} from {info['peer']}", "twin")
                         return
                     info["greeted"], info["node"] = True, node
                     continue
