@@ -208,7 +208,7 @@ def preload(store: Any, world: int, hosts: list[str], run_dir: str) -> float:
     for start in range(0, world, PRELOAD_BATCH):
         ranks = range(start, min(world, start + PRELOAD_BATCH))
         store.multi_set([registration.reg_key(r) for r in ranks],
-                        [registration.encode_registration(rank_record(r, world, hosts, run_dir)) for r in ranks])
+                        [registration.sealed_registration(TOKEN, r, 1, rank_record(r, world, hosts, run_dir)) for r in ranks])
     store.add(registration.ARRIVED, world)
     return time.time()
 
@@ -230,9 +230,9 @@ def worker(port: int, world: int, first: int, last: int, run_dir: str) -> None:
             env = {"CLUSTERCTL_RUN_DIR": run_dir, "CLUSTERCTL_ATTEMPT_DIR": f"{run_dir}/attempt-1", "RANK": str(r),
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             store = rendezvous.connect(RankInfo.from_env(env), 600)
-            rendezvous.register(store, r, rank_record(r, world, hosts, run_dir))
+            rendezvous.register(store, r, rank_record(r, world, hosts, run_dir), TOKEN)
             arrived.append(time.time())
-            verdict = rendezvous.await_verdict(store, 600, world)
+            verdict = rendezvous.await_verdict(store, 600, world, TOKEN)
             told.append(time.time())
             if not verdict["ok"]:
                 failed.append(verdict["message"][:200])

@@ -168,6 +168,25 @@ def test_a_sharing_group_never_gets_the_secrets_files(tmp_path: Path) -> None:
     assert found == {"spec.yaml": 0o640, ".secrets.env": 0o600, ".rank.env": 0o600, ".token": 0o600, "attempt.json": 0o640}
 
 
+@pytest.mark.parametrize("dir_mode, want", [(0o700, 0o600), (0o2750, 0o640), (0o755, 0o644)])
+def test_a_file_written_into_a_run_from_a_users_shell_keeps_the_runs_privacy(tmp_path: Path, dir_mode: int,
+                                                                            want: int) -> None:
+    """`clusterctl cancel` and `drill` write cancel.json and drill.json from the user's shell, whose umask (022)
+    made them 0644 in a private run. A new file takes no bit its directory denies: a private run's are 0600, a
+    group run's 0640; elsewhere the umask decides as before."""
+    from clusterctl.rundir import CANCEL, write_json_atomic
+
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(dir_mode)
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(run / CANCEL, {"by": "clusterctl cancel"})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((run / CANCEL).stat().st_mode) == want
+
+
 STRANGER_SCRIPT = r"""
 import json, socket, sys, time
 host, port, nodes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
@@ -236,7 +255,8 @@ def test_a_stranger_who_finds_the_ports_can_neither_stop_nor_fool_a_running_job(
     timeline = (attempt / "timeline.jsonl").read_text()
     assert '"node_lost"' not in timeline and "1000000" not in timeline
     log = next(run.path.glob("slurm-*.out")).read_text()
-    assert log.count("without this attempt's secret") == len(hosts), log
+    # One line for the stranger's address, its later refusals counted in one (a flood cannot fill the log).
+    assert log.count("without this attempt's secret") == 1 and "more connections (" in log, log
 
 
 def grep_tree(top: Path, needle: bytes) -> list[str]:

@@ -110,12 +110,14 @@ def rank_record(rank: int, **changes: object) -> dict:
     return rec
 
 
-def stand_in(ctl: Controller, rank: int, record: dict, results: dict, *, fail: str | None = None) -> None:
+def stand_in(ctl: Controller, rank: int, record: dict, results: dict, *, fail: str | None = None,
+             token: str = TOKEN) -> None:
+    """A rank: registers (sealed with `token`: another attempt's for a stale process), waits for the verdict."""
     store = rendezvous.connect(ctl.info(rank), 20)
-    rendezvous.register(store, rank, record)
-    results[(rank, record["pid"])] = rendezvous.await_verdict(store, 20, 4)
+    rendezvous.register(store, rank, record, token)
+    results[(rank, record["pid"])] = rendezvous.await_verdict(store, 20, 4, TOKEN)
     if fail:
-        rendezvous.report_error(store, rank, fail)
+        rendezvous.report_error(store, rank, fail, token)
 
 
 def wait_for_manifest(attempt: Path) -> dict:
@@ -158,11 +160,21 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
     assert "rank 3 on n2 failed: script failed" in out
 
 
+def test_a_sealed_value_opens_only_under_its_own_key_with_the_attempts_token() -> None:
+    from clusterctl.runtime import storeseal
+
+    sealed = storeseal.seal(TOKEN, "clusterctl/error/1", "Traceback: boom")
+    assert storeseal.unseal(TOKEN, "clusterctl/error/1", sealed) == b"Traceback: boom"
+    assert storeseal.unseal(TOKEN, "clusterctl/error/2", sealed) is None  # replayed as another rank's
+    assert storeseal.unseal("another-attempt", "clusterctl/error/1", sealed) is None
+    assert storeseal.unseal(TOKEN, "clusterctl/error/1", b"Traceback: forged") is None
+    listed = (storeseal.item(TOKEN, "k", "1") + "2," + storeseal.item("x", "k", "3") + storeseal.item(TOKEN, "k", "4")).encode()
+    assert storeseal.items(TOKEN, "k", listed) == ["1", "4"]
+
+
 def test_junk_in_the_stores_lists_is_skipped_and_the_attempt_is_judged(tmp_path: Path) -> None:
     """Anyone who reaches the store can write to it: one bad `duplicates` item crashed the controller (no
     verdict, the attempt counted 84). Junk in both lists is skipped; the real failure is judged."""
-    from clusterctl.runtime import registration
-
     ctl = Controller(make_run(tmp_path))
     stranger = rendezvous.connect(ctl.info(0), 20)
     stranger.append(registration.DUPLICATES, "x:y,1:,-1:2,99:2,0:1,\xff,")
@@ -173,6 +185,51 @@ def test_junk_in_the_stores_lists_is_skipped_and_the_attempt_is_judged(tmp_path:
     assert code == ExitCode.SCRIPT_FAILED and "Traceback (most recent call last)" not in out, out
     verdict = json.loads((ctl.attempt / "verdict.json").read_text())
     assert [(c["rank"], c["host"]) for c in verdict["culprits"]] == [(1, "n1")], verdict
+
+
+def test_values_a_stranger_writes_into_the_store_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's store takes anyone's writes. A forged verdict set before the controller's, a forged post-check
+    outcome naming nodes, a forged error report for rank 2 and a forged stop: the ranks wait for the controller's
+    sealed verdict, the attempt ends as its ranks did (0, nobody blamed), and rank 0 is asked to stop by no one."""
+    from clusterctl.runtime import stoprequest
+
+    ctl = Controller(make_run(tmp_path))
+    stranger = rendezvous.connect(ctl.info(0), 20)
+    stranger.set(registration.VERDICT, json.dumps({"ok": False, "code": 83, "message": "forged"}))
+    stranger.set(registration.POSTCHECK, json.dumps({"ok": False, "code": 83, "message": "straggler: forged",
+                                                     "culprits": [{"rank": 2, "host": "n2"}, {"rank": 0, "host": "node9"}]}))
+    stranger.set(registration.error_key(2), "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    stranger.append(registration.ERRORED, "2,")
+    stranger.append(registration.RETURNED, "0:1,1:1,")
+    stranger.set(registration.STOP, "now")
+    results = run_ranks(ctl, [(r, rank_record(r), None) for r in range(4)])
+    assert len(results) == 4 and all(v["ok"] for v in results.values()), results
+    monkeypatch.setattr(rendezvous, "CURRENT_STORE", stranger)  # rank 0's stop test reads the store it was given
+    monkeypatch.setenv("CLUSTERCTL_TOKEN", TOKEN)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the test's own signal handlers stay
+    assert not stoprequest.StopRequest(0).here()  # the forged stop is nobody's request
+    code, out = ctl.stop()
+    verdict = json.loads((ctl.attempt / "verdict.json").read_text())
+    assert code == 0 and verdict["ok"] and verdict["culprits"] == [], (out, verdict)
+    assert "forged" not in out and "ECC" not in out, out
+
+
+def test_a_registration_rewritten_without_the_token_is_judged_forged_and_its_claims_ignored(tmp_path: Path) -> None:
+    """The registration HMAC covered rank, host and pid only: a copy of a genuine record with an ECC failure in its
+    preflight results made 81 "preflight failed on node2" and a suspect. The whole record is sealed now: the
+    rewritten one is a record without this attempt's secret (80, ambiguous), and no preflight verdict names n2."""
+    ctl = Controller(make_run(tmp_path))
+    stranger = rendezvous.connect(ctl.info(0), 20)
+    forged = rank_record(2, preflight=[{"name": "gpu", "ok": False, "detail": "ECC errors (forged)"}])
+    stranger.set(registration.reg_key(2), registration.encode_registration(forged))  # its proof is a genuine one's
+    stranger.add(registration.ARRIVED, 1)
+    results = run_ranks(ctl, [(r, rank_record(r), None) for r in (0, 1, 3)])
+    assert results and all(v["code"] == ExitCode.RENDEZVOUS_FAILED for v in results.values()), results
+    message = next(iter(results.values()))["message"]
+    assert "rank 2 (pid 102 on n2) carries another attempt's token" in message and "preflight" not in message, message
+    code, _ = ctl.stop()
+    verdict = json.loads((ctl.attempt / "verdict.json").read_text())
+    assert code == ExitCode.RENDEZVOUS_FAILED and verdict["fault"] != "node", verdict
 
 
 def test_ranks_that_never_arrive_are_named_after_the_timeout(tmp_path: Path) -> None:
@@ -196,8 +253,8 @@ def test_every_registration_check_at_once(tmp_path: Path) -> None:
     probe = rendezvous.connect(ctl.info(0), 20)
     threads = []
 
-    def claim_in_order(rank: int, record: dict, claims: int) -> None:
-        thread = threading.Thread(target=stand_in, args=(ctl, rank, record, results))
+    def claim_in_order(rank: int, record: dict, claims: int, token: str = TOKEN) -> None:
+        thread = threading.Thread(target=stand_in, args=(ctl, rank, record, results), kwargs={"token": token})
         thread.start()
         threads.append(thread)
         deadline = time.monotonic() + 30
@@ -206,7 +263,7 @@ def test_every_registration_check_at_once(tmp_path: Path) -> None:
             time.sleep(0.05)
 
     # A stale process claims rank 3 first; the real rank 3 then arrives as the duplicate.
-    claim_in_order(3, rank_record(3, pid=999, token="previous-attempt"), 1)
+    claim_in_order(3, rank_record(3, pid=999, token="previous-attempt"), 1, "previous-attempt")
     claim_in_order(3, rank_record(3), 2)
     other_torch = {"torch": "2.12.0", "cuda": None, "nccl": None, "hip": None}
     results.update(
@@ -240,7 +297,7 @@ def test_a_taken_port_moves_the_store_to_the_next_free_one() -> None:
     """Two jobs on one node, or a requeued attempt whose hash lands on a busy port, must not collide."""
     import socket
 
-    from clusterctl.runtime.controller import reserve_port
+    from clusterctl.runtime.storeport import reserve_port
 
     busy = socket.socket()
     busy.bind(("", 0))
@@ -260,7 +317,7 @@ def test_srun_ending_during_the_rendezvous_judges_at_once_and_blames_who_never_c
     """srun ended while ranks were still arriving (the batch script's SIGHUP): judged now, not at its deadline."""
     ctl = Controller(make_run(tmp_path, timeout_s=120))
     store = rendezvous.connect(ctl.info(0), 20)
-    rendezvous.register(store, 0, rank_record(0))
+    rendezvous.register(store, 0, rank_record(0), TOKEN)
     started = time.monotonic()
     code, out = ctl.stop()
     assert time.monotonic() - started < 15, out
@@ -287,9 +344,9 @@ def test_a_cancel_during_the_rendezvous_blames_no_node(tmp_path: Path, how: str)
         env = {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "5"}
     ctl = Controller(attempt, **env)
     store = rendezvous.connect(ctl.info(0), 20)
-    rendezvous.register(store, 0, rank_record(0))
+    rendezvous.register(store, 0, rank_record(0), TOKEN)
     told: dict = {}
-    waiting = threading.Thread(target=lambda: told.update(rendezvous.await_verdict(store, 30, 4)))
+    waiting = threading.Thread(target=lambda: told.update(rendezvous.await_verdict(store, 30, 4, TOKEN)))
     waiting.start()
     time.sleep(0.5)
     ctl.proc.send_signal(signal.SIGTERM)
@@ -345,7 +402,7 @@ def test_the_store_port_listens_before_the_store_starts() -> None:
     address only, when the host has it."""
     import socket
 
-    from clusterctl.runtime.controller import reserve_port
+    from clusterctl.runtime.storeport import reserve_port
 
     with socket.socket() as probe:
         probe.bind(("", 0))

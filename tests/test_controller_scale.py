@@ -108,13 +108,13 @@ def all_ranks(attempt: Path, port: int, threads: int = 32) -> dict[int, object]:
         for r in ranks:
             try:
                 store = rendezvous.connect(info(attempt, port, r), 60)
-                rendezvous.register(store, r, record(r))
+                rendezvous.register(store, r, record(r), TOKEN)
                 stores.append((r, store))
             except Exception as exc:  # noqa: BLE001 - a refused rank is a result too
                 results[r] = exc
         for r, store in stores:
             try:
-                results[r] = rendezvous.await_verdict(store, 150, WORLD)
+                results[r] = rendezvous.await_verdict(store, 150, WORLD, TOKEN)
             except Exception as exc:  # noqa: BLE001
                 results[r] = exc
 
@@ -163,8 +163,8 @@ def test_a_hard_limit_below_the_world_refuses_at_once_and_says_what_to_ask_for(t
         assert verdict["evidence"]["nofile_hard"] == 256 and verdict["evidence"]["world_size"] == WORLD
         started = time.monotonic()
         store = rendezvous.connect(info(attempt, port, 0), 20)  # a rank that gets in is told at once, not at the deadline
-        rendezvous.register(store, 0, record(0))
-        told = rendezvous.await_verdict(store, 120, WORLD)
+        rendezvous.register(store, 0, record(0), TOKEN)
+        told = rendezvous.await_verdict(store, 120, WORLD, TOKEN)
         assert time.monotonic() - started < 10 and told["code"] == ExitCode.RENDEZVOUS_FAILED and "nofile" in told["message"]
     finally:
         code, out = stop(proc)

@@ -199,6 +199,49 @@ def test_where_the_server_cannot_serve_the_command_starts_cold_and_says_why(serv
     assert unnamed.communicate(timeout=60)[0].strip() == "cold: no warm process servers in this job"
 
 
+STRANGER = "ccstranger"  # test_access's second user
+LISTEN_AS_STRANGER = r"""
+import socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.bind("\0" + sys.argv[1])
+sock.listen(4)
+print("listening", flush=True)
+conn, _ = sock.accept()
+conn.settimeout(5)
+got = b""
+try:
+    while chunk := conn.recv(65536):
+        got += chunk
+except OSError:
+    pass
+print(len(got), flush=True)
+"""
+
+
+def test_a_warm_socket_a_stranger_took_first_is_told_nothing_and_the_rank_starts_cold(tmp_path: Path) -> None:
+    """An abstract socket's name is anyone's to take: the client's request carries the rank's environment (the
+    attempt token, secret_env). It now asks the kernel who listens, and talks only to its own user's server."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("running a listener as another user needs root and runuser")
+    if subprocess.run(["id", STRANGER], capture_output=True, check=False).returncode != 0:
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", STRANGER], check=True)
+    prefix = f"clusterctl-test.{secrets.token_hex(6)}"
+    stranger = subprocess.Popen(["runuser", "-u", STRANGER, "--", "/usr/bin/python3", "-c", LISTEN_AS_STRANGER,
+                                 f"{prefix}.nodeA"], stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert stranger.stdout.readline().strip() == "listening"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERCTL_")}
+        env.update({envnames.WARM: prefix, "SLURMD_NODENAME": "nodeA", envnames.WARM_SINCE: str(time.time()),
+                    envnames.TOKEN: "the-attempt-secret"})
+        said = client(env, "import os; print(os.environ['CLUSTERCTL_START'])").communicate(timeout=60)[0].strip()
+        assert said.startswith("cold: the warm process server's socket on nodeA is not to be trusted: it is held by"
+                               " uid "), said
+        assert stranger.stdout.readline().strip() == "0"  # the stranger heard nothing: no environment, no token
+    finally:
+        stranger.kill()
+        stranger.wait(10)
+
+
 # --- snapshots: which step is whole, and a copy killed half-way ----------------------------------------------
 def test_the_newest_whole_step_is_one_every_ranks_state_is_held_for_never_a_mix() -> None:
     from clusterctl.checkpoint.snapshots import newest_whole

@@ -17,6 +17,7 @@ Standard library only: the recovery path on the compute nodes records here.
 
 from __future__ import annotations
 
+import errno
 import getpass
 import json
 import os
@@ -26,6 +27,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from clusterctl.rundir.jsonio import new_file_mode
 
 FILE = "suspects.jsonl"  # in the runs root (the parent directory of every run directory)
 DRAIN_TIMEOUT_S = 30.0
@@ -78,10 +81,21 @@ def path(runs_root: Path) -> Path:
     return Path(runs_root) / FILE
 
 
+def _open(runs_root: Path, flags: int) -> int:
+    """The suspects file, never through a link and only when it is this user's: in a runs root others can write to
+    (a sticky 1777 one) a planted link would take the appends elsewhere, and another's file its own node list."""
+    fd = os.open(path(runs_root), flags | os.O_NOFOLLOW | os.O_CLOEXEC, new_file_mode(Path(runs_root)))
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"it is owned by uid {owner}, not this user's (uid {os.geteuid()})")
+    return fd
+
+
 def _append(runs_root: Path, entries: list[dict[str, Any]]) -> None:
     """One write per line on an O_APPEND descriptor, so concurrent writers interleave whole lines only."""
     Path(runs_root).mkdir(parents=True, exist_ok=True)
-    fd = os.open(path(runs_root), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open(runs_root, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         for entry in entries:
             data = (json.dumps(entry, sort_keys=True) + "\n").encode()
@@ -189,9 +203,11 @@ def _parse(line: str) -> Suspect | Cleared | None:
 
 
 def read(runs_root: Path) -> list[Suspect | Cleared]:
-    """Every usable event in file order; none when there is no file (or it cannot be read)."""
+    """Every usable event in file order; none when there is no file (or it cannot be read, is a link or is not this
+    user's: `_open`)."""
     try:
-        text = path(runs_root).read_text(encoding="utf-8", errors="replace")
+        with os.fdopen(_open(runs_root, os.O_RDONLY), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
     except OSError:
         return []
     return [event for event in map(_parse, text.splitlines()) if event is not None]

@@ -107,12 +107,13 @@ def judge(
 
     for rank, rec in sorted(records.items()):
         host = rec.get("host")
-        if not registered_here(token, rec):
+        if not registered_here(token, rec):  # its seal or proof failed: nothing in it can be believed, its host least
             problems.append(
                 f"rank {rank} (pid {rec.get('pid')} on {host}) carries another attempt's token: a stale process"
-                " (or one without this attempt's secret)"
+                " (or a record written without this attempt's secret)"
             )
-            culprits.append({"rank": rank, "host": host, "reason": "stale attempt"})
+            culprits.append({"rank": rank, "host": host_of(rank), "reason": "stale attempt"})
+            continue
         if rec.get("world_size") != world_size:
             problems.append(f"rank {rank} on {host} was started with WORLD_SIZE={rec.get('world_size')}, the plan has {world_size}")
             culprits.append({"rank": rank, "host": host, "reason": "wrong world size"})

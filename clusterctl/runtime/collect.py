@@ -47,6 +47,14 @@ def iter_present(store: Any, keys: Sequence[str], size: int = CHUNK) -> Iterator
                 yield start + i, value
 
 
+def count_present(store: Any, keys: Sequence[str], size: int = CHUNK) -> int:
+    """How many of the keys exist now, without reading their values."""
+    count = 0
+    for part in chunks(keys, size):
+        count += len(part) if store.check(list(part)) else sum(1 for key in part if store.check([key]))
+    return count
+
+
 def fetch_present(store: Any, keys: Sequence[str], size: int = CHUNK) -> dict[int, bytes]:
     """Index -> value for the keys that exist now."""
     return dict(iter_present(store, keys, size))

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import gc
 import json
 import os
@@ -51,7 +50,6 @@ import sys
 import threading
 import time
 from array import array
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -60,9 +58,9 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.rundir import phasetimes, rankmanifest, runjson, write_json_atomic
 from clusterctl.rundir.verdict import Verdict
-from clusterctl.runtime import admission, collect, filelimit, registration, stacks
+from clusterctl.runtime import admission, collect, filelimit, registration, stacks, storeport, storeseal
 from clusterctl.runtime.blame import parse_srun_lines, stopped_on_request
-from clusterctl.runtime.preflight import MARKER_PREFIX, write_shared_marker
+from clusterctl.runtime.preflight import MARKER_PREFIX, POST_RENDEZVOUS, write_shared_marker
 from clusterctl.runtime.response import Response
 from clusterctl.runtime.verdicts import VerdictKeeper
 from clusterctl.runtime.watchdog import Watchdog
@@ -70,10 +68,8 @@ from clusterctl.runtime.watchserver import WatchServer
 
 READY = rundir.CONTROLLER_JSON
 POLL_S = 0.02
+PRESENCE_EVERY_S = 2.0  # besides each time the counter reaches the world: look whether every registration is there
 SRUN_LOG_SETTLE_S = 2.0  # srun's last lines reach srun.log through tee, a moment after srun itself ended
-BIND_TRIES = 64
-SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
-BACKLOG_FALLBACK = 65535  # when somaxconn cannot be read: the kernel caps listen()'s backlog at it anyway
 MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
 # Lines a rank's log gets when Slurm stops it because another rank failed: not its own error.
 COLLATERAL = re.compile(r"slurmstepd|CANCELLED AT|Terminated|Killed|srun: ")
@@ -88,110 +84,8 @@ def nvlink_groups(run: runjson.RunJson) -> list[tuple[str, list[int]]]:
     return [(kind, group) for kind in run.nvlink_kinds for group in layout.groups(kind)]
 
 
-def listen_backlog() -> int:
-    """The largest listen backlog the kernel allows (net.core.somaxconn).
-
-    At 16,384 ranks a 4,096 backlog overflowed thousands of times and each
-    dropped connect was retried 1-3 s later. torch's store listens again
-    with its own 16,384 once it starts; the kernel caps both at somaxconn,
-    which only the admin can raise (see docs/admin/scale.md).
-    """
-    try:
-        return max(1, min(int(SOMAXCONN.read_text()), 2**31 - 1))
-    except (OSError, ValueError):
-        return BACKLOG_FALLBACK
-
-
 def log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} clusterctl controller: {message}", flush=True)
-
-
-def reserve_port(port: int, port_range: tuple[int, int], address_family: str = "ipv4",
-                 address: str = "") -> tuple[socket.socket, int]:
-    """A listening socket on `port` or the next free port in the range (standard library: fast).
-
-    The batch script waits only for this, so srun starts while the controller
-    is still importing torch: early ranks' connections wait in the backlog.
-    The socket is handed to the TCPStore as is (no window in which another
-    process could take the port). It is IPv4 where the host has IPv4:
-    torch's store server looks up the name of every peer it accepts, and an
-    IPv4-mapped IPv6 peer address is never in /etc/hosts, so each lookup went
-    to DNS; one dropped query stalls the whole store for the resolver's 5 s.
-    On an IPv6 site (network.address_family) it is a dual-stack IPv6 socket.
-
-    It listens on `address` only, the rendezvous address the ranks are given
-    (MASTER_ADDR): the store has no authentication, so an interface the site
-    did not name for the rendezvous (a login or management network) must not
-    reach it. An address this host does not have (a site table that names a
-    NAT address, say) falls back to every address, with a warning; "" is
-    every address.
-    """
-    lo, hi = port_range
-    last: OSError | None = None
-    for family, host in _bind_targets(address, address_family):
-        for i in range(BIND_TRIES):
-            candidate = lo + (port - lo + i) % (hi - lo + 1)
-            try:
-                sock = socket.socket(family, socket.SOCK_STREAM)
-            except OSError as exc:  # the host lacks this address family: try the other
-                last = exc
-                break
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is not "taken"
-                if family == socket.AF_INET6 and not host:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                sock.bind((host, candidate))
-                sock.listen(listen_backlog())
-                return sock, candidate
-            except OSError as exc:
-                sock.close()
-                last = exc
-                if exc.errno == errno.EADDRNOTAVAIL:
-                    log(f"cannot listen on {host} (not an address of this host): listening on every address")
-                    break
-    raise RuntimeError(f"no free port among {BIND_TRIES} tried from {port} in {lo}-{hi}: {last}")
-
-
-def _bind_targets(address: str, address_family: str) -> list[tuple[socket.AddressFamily, str]]:
-    """Where to try listening: the rendezvous address (its own family), then every address of each family."""
-    families = [socket.AF_INET6, socket.AF_INET] if address_family == "ipv6" else [socket.AF_INET, socket.AF_INET6]
-    targets: list[tuple[socket.AddressFamily, str]] = []
-    if address:
-        try:
-            found = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            log(f"cannot resolve the rendezvous address {address} ({exc}): listening on every address")
-        else:
-            family, sockaddr = found[0][0], found[0][4]
-            targets.append((family, str(sockaddr[0])))
-            families = [family]  # the wildcard fallback stays in the address's family: the ranks connect to it
-    return targets + [(family, "") for family in families]
-
-
-def local_host(listener: socket.socket) -> str:
-    """Where this process's own clients reach a socket it listens on: its address, loopback for the wildcard."""
-    host = str(listener.getsockname()[0])
-    if host in ("0.0.0.0", "::"):
-        return "127.0.0.1" if listener.family == socket.AF_INET else "::1"
-    return host
-
-
-def host_store(listener: socket.socket, world: int, timeout_s: float):  # noqa: ANN201 - torch type
-    """torch's TCPStore served on the already listening socket (the store owns it from here)."""
-    from torch.distributed import TCPStore
-
-    store = TCPStore(
-        local_host(listener),
-        listener.getsockname()[1],
-        world_size=world,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-        master_listen_fd=listener.fileno(),
-        use_libuv=True,
-    )
-    listener.detach()
-    return store
 
 
 class Controller:
@@ -222,7 +116,7 @@ class Controller:
     # --- start -----------------------------------------------------------------
     def start(self) -> int:
         self.check_file_limit()
-        listener, port = reserve_port(self.first_port, self.port_range, self.run.rendezvous.address_family, self.address)
+        listener, port = storeport.reserve_port(self.first_port, self.port_range, self.run.rendezvous.address_family, self.address, log)
         checkpoint_dir = str(self.run.checkpoint_dir(self.run_dir))
         if "shared_fs" in self.run.preflight.checks:
             try:
@@ -240,7 +134,7 @@ class Controller:
                 "marker": self.marker,
             },
         )
-        self.store = host_store(listener, self.world, self.timeout_s)
+        self.store = storeport.host_store(listener, self.world, self.timeout_s)
         if self.stop_requested:  # the signal came while the store was starting
             self.request_stop()
         log(f"hosting the rendezvous store on port {port} for {self.world} ranks")
@@ -263,7 +157,7 @@ class Controller:
         if family == socket.AF_INET6 and host == "::":
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind((host, 0))
-        sock.listen(listen_backlog())
+        sock.listen(storeport.listen_backlog())
         number = self.attempt_dir.name.removeprefix(rundir.ATTEMPT_PREFIX)
         earlier = phasetimes.run_longest(self.run_dir, int(number)) if number.isdigit() else {}
         watchdog = Watchdog(self.world, self.hosts, self.gpn, self.run.watchdog, earlier)
@@ -311,12 +205,20 @@ class Controller:
 
     # --- rendezvous --------------------------------------------------------------
     def wait_for_ranks(self) -> int:
+        """Until every rank's registration is in the store (or the timeout); how many are. The counter the ranks
+        bump only says when to look: anyone can move it, and a stranger's decrement must not hold the rendezvous
+        any more than an increment may start it with ranks missing."""
         deadline = time.monotonic() + self.timeout_s
+        keys = [registration.reg_key(r) for r in range(self.world)]
+        seen, looked = -1, 0.0
         while not self.done.is_set() and time.monotonic() < deadline:
-            if self.store.add(registration.ARRIVED, 0) >= self.world:
-                break
+            count = self.store.add(registration.ARRIVED, 0)
+            if (count != seen and count >= self.world) or time.monotonic() - looked >= PRESENCE_EVERY_S:
+                seen, looked = count, time.monotonic()
+                if all(self.store.check(list(part)) for part in collect.chunks(keys)):
+                    return self.world
             time.sleep(POLL_S)
-        return self.store.add(registration.ARRIVED, 0)
+        return collect.count_present(self.store, keys)
 
     def collect(self) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
         """Registrations (their summaries), duplicates and early errors.
@@ -331,24 +233,34 @@ class Controller:
         records: dict[int, dict] = {}
         seen: dict[Any, Any] = {}
         for r, raw in collect.iter_present(store, keys):
-            records[r] = registration.share_values(registration.decode_registration(raw)[0], seen)
+            records[r] = registration.share_values(registration.open_registration(self.token, r, 1, raw)[0], seen)
         duplicates: dict[int, list[dict]] = {}
-        for rank, claim in registration.parse_claims(self._raw(registration.DUPLICATES), self.world):
+        for rank, claim in registration.parse_claims(self._raw(registration.DUPLICATES), self.token, self.world):
             key = registration.reg_key(rank, claim)
             if store.check([key]):
-                duplicates.setdefault(rank, []).append(registration.decode_registration(store.get(key))[0])
+                duplicates.setdefault(rank, []).append(registration.open_registration(self.token, rank, claim,
+                                                                                     store.get(key))[0])
         return records, duplicates, self._errors()
 
-    def _raw(self, key: str) -> bytes:
-        return self.store.get(key) if self.store.check([key]) else b""
+    def _raw(self, key: str) -> bytes | None:
+        return self.store.get(key) if self.store.check([key]) else None
+
+    def _sealed(self, key: str) -> bytes | None:
+        """A value under `key` that a holder of the token wrote (runtime/storeseal.py); None for none, or another's."""
+        return storeseal.unseal(self.token, key, self._raw(key))
+
+    def _publish(self, verdict: Verdict) -> None:
+        """The rendezvous verdict for the ranks, sealed: a stranger's in its place is refused by every rank."""
+        self.store.set(registration.VERDICT, storeseal.seal(self.token, registration.VERDICT, json.dumps(verdict.as_dict())))
 
     def _errors(self) -> dict[int, str]:
-        """The ranks' error reports (ERRORED lists them): rank -> text; a listed rank without one is skipped."""
+        """The ranks' error reports (ERRORED lists them): rank -> text; one not sealed by a holder of the token
+        (a stranger's, which would blame a node once failures are classified from their text) is skipped."""
         errors = {}
-        for rank in registration.parse_ranks(self._raw(registration.ERRORED), self.world):
-            key = registration.error_key(rank)
-            if self.store.check([key]):
-                errors[rank] = self.store.get(key).decode(errors="replace")
+        for rank in registration.parse_ranks(self._raw(registration.ERRORED), self.token, self.world):
+            text = self._sealed(registration.error_key(rank))
+            if text is not None:
+                errors[rank] = text.decode(errors="replace")
         return errors
 
     def node_log_errors(self, missing: list[int]) -> dict[int, str]:
@@ -372,7 +284,7 @@ class Controller:
 
     def rendezvous(self) -> Verdict:
         if self.refused is not None:  # the file limit cannot hold the job: tell the ranks that reach the store
-            self.store.set(registration.VERDICT, json.dumps(self.refused.as_dict()))
+            self._publish(self.refused)
             return self.refused
         arrived = self.wait_for_ranks()
         if self.stopped_from_outside and arrived < self.world:
@@ -396,7 +308,7 @@ class Controller:
             )
             judged = time.perf_counter()
             self.records = records
-            self.store.set(registration.VERDICT, json.dumps(verdict.as_dict()))
+            self._publish(verdict)
             published = time.perf_counter()
             if verdict.ok and self.watch is not None:
                 self.watch.arm()
@@ -425,7 +337,7 @@ class Controller:
         """Stopped from outside before every rank arrived: the ranks are released with the stop's code (a cancel's 89,
         Slurm's own stop's 85) and no node is blamed."""
         verdict = self.outside_stop(f" before the rendezvous completed ({arrived} of {self.world} ranks had arrived)")
-        self.store.set(registration.VERDICT, json.dumps(verdict.as_dict()))
+        self._publish(verdict)
         return self.keeper.give(verdict)
 
     def stop_from_outside(self) -> None:
@@ -501,7 +413,7 @@ class Controller:
         """The batch shell trapped the pre-timeout signal or a preemption: ask the ranks to save and stop."""
         self.stop_requested = True
         if self.store is not None:
-            self.store.set(registration.STOP, str(time.time()))
+            self.store.set(registration.STOP, storeseal.seal(self.token, registration.STOP, str(time.time())))
             log("stop requested: the ranks save, commit and exit at their next step")
 
     # --- after the rendezvous ------------------------------------------------------
@@ -528,8 +440,9 @@ class Controller:
             return verdict.code
         if (finding := self.keeper.failure) is not None:
             return finding.code  # the watchdog's, recorded when it was called
-        if self.store.check([registration.POSTCHECK]):
-            post = json.loads(self.store.get(registration.POSTCHECK))
+        planned = any(c in POST_RENDEZVOUS for c in self.run.preflight.checks)  # else a postcheck is a stranger's
+        if planned and (sealed := self._sealed(registration.POSTCHECK)) is not None:
+            post = json.loads(sealed)
             if not post["ok"]:
                 return self.keeper.give(Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))).code
             log(post["message"])
@@ -563,8 +476,7 @@ class Controller:
         if self.response is None:
             return None
         errors = self._errors()
-        returned = registration.parse_returned(self.store.get(registration.RETURNED)) if self.store.check(
-            [registration.RETURNED]) else {}
+        returned = registration.parse_returned(self._raw(registration.RETURNED), self.token, self.world)
         return self.response.end_verdict(errors, {r: rec.get("gpu") for r, rec in self.records.items()}, returned)
 
 

@@ -160,8 +160,8 @@ def managed(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return int(ExitCode.RENDEZVOUS_FAILED)
-    rendezvous.register(store, info.rank, record)
-    verdict = rendezvous.await_verdict(store, timeout_s, info.world_size)
+    rendezvous.register(store, info.rank, record, info.token)
+    verdict = rendezvous.await_verdict(store, timeout_s, info.world_size, info.token)
     if not verdict["ok"]:
         if info.rank == 0:
             print(f"clusterctl: {verdict['message']}", file=sys.stderr)
@@ -184,22 +184,22 @@ def managed(argv: list[str]) -> int:
         run_command(argv)
     except SystemExit as exc:
         if exc.code in (None, 0):
-            rendezvous.report_returned(store, info.rank, 0)
+            rendezvous.report_returned(store, info.rank, 0, info.token)
             return 0
         if exc.code == ExitCode.PRE_TIMEOUT:
-            rendezvous.report_returned(store, info.rank, int(ExitCode.PRE_TIMEOUT))
+            rendezvous.report_returned(store, info.rank, int(ExitCode.PRE_TIMEOUT), info.token)
             return int(ExitCode.PRE_TIMEOUT)  # saved and committed on request: not a failure
-        rendezvous.report_error(store, info.rank, f"SystemExit({exc.code!r})")
-        rendezvous.await_peer_reports(store, info.world_size)
+        rendezvous.report_error(store, info.rank, f"SystemExit({exc.code!r})", info.token)
+        rendezvous.await_peer_reports(store, info.world_size, info.token)
         raise
     except BaseException:
         text = traceback.format_exc()
         sys.stderr.write(text)
-        rendezvous.report_error(store, info.rank, text)
-        rendezvous.await_peer_reports(store, info.world_size)
+        rendezvous.report_error(store, info.rank, text, info.token)
+        rendezvous.await_peer_reports(store, info.world_size, info.token)
         return 1
     else:
-        rendezvous.report_returned(store, info.rank, 0)
+        rendezvous.report_returned(store, info.rank, 0, info.token)
     finally:
         watch = stepwatch.current()
         if watch is not None:

@@ -28,7 +28,7 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import RankLayout
 from clusterctl.rundir import write_json_atomic
-from clusterctl.runtime import registration, straggler
+from clusterctl.runtime import registration, storeseal, straggler
 from clusterctl.runtime.rankinfo import RankInfo
 
 CPU_SIZES = (64 << 10, 1 << 20, 8 << 20)
@@ -93,7 +93,8 @@ def comm_check(info: RankInfo, store: Any, timeout_s: float) -> dict[str, Any]:
                 results = [bandwidth(pg, len(members), n, device) for n in sizes]
                 report["tp"] = {"group": index, "ranks": members, "results": results}
                 if members[0] == info.rank:
-                    store.set(f"{registration.PREFIX}comm/tp/{index}", json.dumps(report["tp"]))
+                    key = f"{registration.PREFIX}comm/tp/{index}"
+                    store.set(key, storeseal.seal(info.token, key, json.dumps(report["tp"])))
     return report
 
 
@@ -160,13 +161,32 @@ def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: flo
         report["comm"] = comm_check(info, store, timeout_s)
     if "compute" in names:
         seconds = matmul_seconds(_device())
-        store.set(f"{registration.PREFIX}compute/{info.rank}", str(seconds))
+        key = f"{registration.PREFIX}compute/{info.rank}"
+        store.set(key, storeseal.seal(info.token, key, str(seconds)))
     if info.rank == 0:
-        outcome = _rank0_judges(names, info, store, report)
-        store.set(registration.POSTCHECK, json.dumps(outcome))
+        try:
+            outcome = _rank0_judges(names, info, store, report)
+        except ValueError as exc:  # a peer's result forged in the store: no result, and nobody's fault
+            outcome = {"ok": False, "code": int(ExitCode.PREFLIGHT_FAILED), "culprits": [], "message": f"post-rendezvous"
+                       f" checks: {exc}; no node is blamed"}
+        store.set(registration.POSTCHECK, storeseal.seal(info.token, registration.POSTCHECK, json.dumps(outcome)))
     store.wait([registration.POSTCHECK], timedelta(seconds=timeout_s))
-    outcome = json.loads(store.get(registration.POSTCHECK))
+    sealed = storeseal.unseal(info.token, registration.POSTCHECK, store.get(registration.POSTCHECK))
+    if sealed is None:
+        return {"ok": False, "code": int(ExitCode.PREFLIGHT_FAILED), "culprits": [],
+                "message": "the post-rendezvous checks' outcome in the store is not rank 0's (no valid seal): someone"
+                           " else wrote it; no node is blamed"}
+    outcome = json.loads(sealed)
     return None if outcome["ok"] else outcome
+
+
+def _opened(token: str, key: str, raw: bytes) -> bytes:
+    """A peer's sealed check result; a forged one raises (the check fails on rank 0, blaming no node) rather than
+    naming a healthy rank slow."""
+    value = storeseal.unseal(token, key, raw)
+    if value is None:
+        raise ValueError(f"{key} in the store has no valid seal: someone else wrote it")
+    return value
 
 
 def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str, Any]) -> dict[str, Any]:
@@ -178,14 +198,14 @@ def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str
         tp = info.run.parallel.tp
         if tp > 1:
             keys = [f"{registration.PREFIX}comm/tp/{index}" for index in range(info.world_size // tp)]
-            groups = [json.loads(v) for v in store.multi_get(keys)]  # waits for every group's first rank
+            groups = [json.loads(_opened(info.token, k, v)) for k, v in zip(keys, store.multi_get(keys))]  # waits for each
             report["comm"]["tp_groups"] = groups
             slowest = min(g["results"][-1]["busbw_gbs"] for g in groups)
             summary.append(f"slowest tp group busbw {slowest:.2f} GB/s over {len(groups)} groups")
     outcome: dict[str, Any] = {"ok": True, "code": 0, "message": "; ".join(summary) or "post-rendezvous checks passed"}
     if "compute" in names:
         keys = [f"{registration.PREFIX}compute/{r}" for r in range(info.world_size)]
-        times = {r: float(v) for r, v in enumerate(store.multi_get(keys))}
+        times = {r: float(_opened(info.token, k, v)) for r, (k, v) in enumerate(zip(keys, store.multi_get(keys)))}
         verdict = judge_compute(times, straggler.limits(info.run.watchdog), hosts, info.gpus_per_node)
         report["compute"] = {**verdict, "seconds": times}
         if verdict["slow"]:

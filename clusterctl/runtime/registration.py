@@ -1,10 +1,14 @@
 """Registration: the keys ranks and the controller share in the store, and the records ranks write there.
 
 Every rank claims its rank number, writes one registration record and bumps
-a counter; the controller waits for the counter, reads the records and
-judges them (runtime/admission.py). A stored record is a short summary line
-(what the judgement reads) followed by the full record (what manifest.json
-keeps), so 100,000 registrations are judged without decoding them whole.
+a counter; the controller, woken by the counter, waits until every rank's
+record is there (anyone can move a counter), reads the records and judges
+them (runtime/admission.py). A stored record is a short summary line (what
+the judgement reads) followed by the full record (what manifest.json keeps),
+so 100,000 registrations are judged without decoding them whole. Every value
+is sealed with the attempt's token (runtime/storeseal.py): a record a
+stranger wrote or rewrote (its preflight results, say) reads as one written
+without the token.
 """
 
 from __future__ import annotations
@@ -12,46 +16,44 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from clusterctl.runtime import storeseal
+
 PREFIX = "clusterctl/"
 ARRIVED = PREFIX + "arrived"
 VERDICT = PREFIX + "verdict"
-DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim," by every claimant after the first
-ERRORED = PREFIX + "errored"  # appended "rank," by every rank that wrote error_key(rank)
-POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks
-STOP = PREFIX + "stop"  # set by the controller when the batch shell asks the ranks to save and stop
-RETURNED = PREFIX + "returned"  # appended "rank:code," by every rank whose command returned (0, or 85 on request)
+DUPLICATES = PREFIX + "duplicates"  # appended "rank:claim" (sealed entries) by every claimant after the first
+ERRORED = PREFIX + "errored"  # appended "rank" (sealed) by every rank that wrote error_key(rank)
+POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks (sealed)
+STOP = PREFIX + "stop"  # set (sealed) by the controller when the batch shell asks the ranks to save and stop
+RETURNED = PREFIX + "returned"  # appended "rank:code" (sealed) by every rank whose command returned (0, or 85 on request)
 
 
-def parse_returned(raw: bytes) -> dict[int, int]:
-    """RETURNED's "rank:code," items as rank -> code (a torn or foreign item is skipped)."""
+def parse_returned(raw: bytes | None, token: str, world: int) -> dict[int, int]:
+    """RETURNED's sealed "rank:code" entries as rank -> code (a torn, foreign or unsealed entry is skipped)."""
     found: dict[int, int] = {}
-    for item in parse_list(raw):
-        rank, _, code = item.partition(":")
-        if rank.isdigit() and code.isdigit():
+    for entry in storeseal.items(token, RETURNED, raw):
+        rank, _, code = entry.partition(":")
+        if rank.isdigit() and code.isdigit() and int(rank) < world:
             found[int(rank)] = int(code)
     return found
 
 
-def parse_list(raw: bytes) -> list[str]:
-    return [item for item in raw.decode(errors="replace").split(",") if item]
-
-
-def parse_ranks(raw: bytes, world: int) -> list[int]:
-    """ERRORED's "rank," items: the ranks of this world, each once, in order (whatever else anyone wrote is skipped:
-    the store takes any client's writes, and one bad item must not crash the controller)."""
+def parse_ranks(raw: bytes | None, token: str, world: int) -> list[int]:
+    """ERRORED's sealed "rank" entries: the ranks of this world, each once, in order (whatever else anyone wrote
+    is skipped: the store takes any client's writes, and one bad entry must not crash the controller)."""
     found: dict[int, None] = {}
-    for item in parse_list(raw):
-        if item.isdigit() and int(item) < world:
-            found.setdefault(int(item))
+    for entry in storeseal.items(token, ERRORED, raw):
+        if entry.isdigit() and int(entry) < world:
+            found.setdefault(int(entry))
     return list(found)
 
 
-def parse_claims(raw: bytes, world: int) -> list[tuple[int, int]]:
-    """DUPLICATES's "rank:claim," items as (rank, claim), a later claimant's (claim >= 2) of a rank of this world;
-    anything else is skipped."""
+def parse_claims(raw: bytes | None, token: str, world: int) -> list[tuple[int, int]]:
+    """DUPLICATES's sealed "rank:claim" entries as (rank, claim), a later claimant's (claim >= 2) of a rank of this
+    world; anything else is skipped."""
     found: dict[tuple[int, int], None] = {}
-    for item in parse_list(raw):
-        rank, _, claim = item.partition(":")
+    for entry in storeseal.items(token, DUPLICATES, raw):
+        rank, _, claim = entry.partition(":")
         if rank.isdigit() and claim.isdigit() and int(rank) < world and int(claim) >= 2:
             found.setdefault((int(rank), int(claim)))
     return list(found)
@@ -102,6 +104,22 @@ def encode_registration(record: dict[str, Any]) -> bytes:
     return (json.dumps(summary(record), separators=(",", ":")) + "\n" + full).encode()
 
 
+def sealed_registration(token: str, rank: int, claim: int, record: dict[str, Any]) -> bytes:
+    """What a rank stores under reg_key(rank, claim): `encode_registration`, sealed for that key."""
+    return storeseal.seal(token, reg_key(rank, claim), encode_registration(record))
+
+
+def open_registration(token: str, rank: int, claim: int, raw: bytes) -> tuple[dict[str, Any], bytes | memoryview]:
+    """`decode_registration` of a stored, sealed record. One whose seal fails (written or rewritten without the
+    token) keeps no proof: admission judges it a stale or forged registration, whatever it claims."""
+    body = storeseal.unseal(token, reg_key(rank, claim), raw)
+    if body is not None:
+        return decode_registration(body)
+    head, full = decode_registration(storeseal.strip(raw))
+    head.pop("proof", None)
+    return head, full
+
+
 def _summary_cut(raw: bytes) -> int | None:
     """Where a stored registration's summary line ends, when it has the two-line form."""
     cut = raw.find(b"\n")
@@ -138,6 +156,7 @@ def decode_registration(raw: bytes) -> tuple[dict[str, Any], bytes | memoryview]
 
 def full_record(raw: bytes) -> bytes | memoryview:
     """The full record of a stored registration as compact JSON, without decoding its summary again."""
+    raw = storeseal.strip(raw)
     cut = _summary_cut(raw)
     return memoryview(raw)[cut + 1 :] if cut is not None else decode_registration(raw)[1]
 

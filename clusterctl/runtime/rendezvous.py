@@ -26,9 +26,11 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from clusterctl.runtime import registration
+from clusterctl.exitcodes import ExitCode
+from clusterctl.runtime import registration, storeseal
 from clusterctl.runtime.rankinfo import RankInfo
 
+FORGED_VERDICT_POLL_S = 0.1  # a verdict without the controller's seal in the store: look again this often
 RETURNED_TIMEOUT_S = 5.0  # a rank whose command returned waits no longer than this to say so
 REPORT_SETTLE_S = 1.0  # a rank whose command failed waits at most this long for its peers' reports
 REPORT_POLL_S = 0.05
@@ -50,47 +52,62 @@ def connect(info: RankInfo, timeout_s: float):  # noqa: ANN201 - torch type
     )
 
 
-def register(store: Any, rank: int, record: dict[str, Any]) -> int:
-    """Claim the rank and publish the record; returns the claim number (1 unless a duplicate).
+def register(store: Any, rank: int, record: dict[str, Any], token: str) -> int:
+    """Claim the rank and publish the record, sealed; returns the claim number (1 unless a duplicate).
 
     The first claimant's compare-and-set stores its record and answers with
     it; a later claimant gets the first one's record back (records differ:
     each carries its pid, host and start time) and registers as a duplicate.
     """
-    payload = registration.encode_registration(record)
+    payload = registration.sealed_registration(token, rank, 1, record)
     if bytes(store.compare_set(registration.reg_key(rank), "", payload)) == payload:
         store.add(registration.ARRIVED, 1)
         return 1
     claim = int(store.add(registration.claim_key(rank), 1)) + 1
-    store.set(registration.reg_key(rank, claim), payload)
-    store.append(registration.DUPLICATES, f"{rank}:{claim},")
+    store.set(registration.reg_key(rank, claim), registration.sealed_registration(token, rank, claim, record))
+    store.append(registration.DUPLICATES, storeseal.item(token, registration.DUPLICATES, f"{rank}:{claim}"))
+    store.add(registration.ARRIVED, 1)  # wakes the controller: a duplicate may fill a rank a forgery took
     return claim
 
 
-def await_verdict(store: Any, timeout_s: float, world_size: int) -> dict[str, Any]:
+def await_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> dict[str, Any]:
     """The controller's verdict, waiting past the rendezvous timeout by a margin that grows with the world.
 
     A get waits for its key on its own: one wait and one get, where an
-    explicit wait first would cost a third round trip.
+    explicit wait first would cost a third round trip. A verdict without the
+    controller's seal (a stranger's, set first) is no verdict: the rank waits
+    on for the controller's, which overwrites it, and is refused, saying why,
+    only when none came by the deadline.
     """
+    wait_s = timeout_s + registration.verdict_margin_s(world_size)
+    deadline = time.monotonic() + wait_s
     previous = store.timeout
-    store.set_timeout(timedelta(seconds=timeout_s + registration.verdict_margin_s(world_size)))
+    store.set_timeout(timedelta(seconds=wait_s))
     try:
-        return json.loads(store.get(registration.VERDICT))
+        while True:
+            body = storeseal.unseal(token, registration.VERDICT, store.get(registration.VERDICT))
+            if body is not None:
+                return json.loads(body)
+            if time.monotonic() >= deadline:
+                return {"ok": False, "code": int(ExitCode.RENDEZVOUS_FAILED),
+                        "message": "no rendezvous verdict of the controller's came: the one in the store has no valid"
+                                   " seal (someone else wrote it), and this rank stops without acting on it"}
+            time.sleep(FORGED_VERDICT_POLL_S)
     finally:
         store.set_timeout(previous)
 
 
-def report_error(store: Any, rank: int, text: str) -> None:
+def report_error(store: Any, rank: int, text: str, token: str) -> None:
     """Tell the controller what went wrong on this rank (best effort: the store may be gone)."""
     try:
-        store.set(registration.error_key(rank), text[-20000:])
-        store.append(registration.ERRORED, f"{rank},")
+        key = registration.error_key(rank)
+        store.set(key, storeseal.seal(token, key, text[-20000:]))
+        store.append(registration.ERRORED, storeseal.item(token, registration.ERRORED, str(rank)))
     except Exception:  # noqa: BLE001 - reporting must never mask the original error
         traceback.print_exc()
 
 
-def await_peer_reports(store: Any, world_size: int, wait_s: float = REPORT_SETTLE_S) -> None:
+def await_peer_reports(store: Any, world_size: int, token: str, wait_s: float = REPORT_SETTLE_S) -> None:
     """After reporting its own error, give the peers a moment to report theirs before this rank exits.
 
     srun stops every rank once one fails (--kill-on-bad-exit): a bug that
@@ -103,23 +120,27 @@ def await_peer_reports(store: Any, world_size: int, wait_s: float = REPORT_SETTL
     deadline = time.monotonic() + wait_s
     try:
         while time.monotonic() < deadline:
-            said = registration.parse_list(store.get(registration.ERRORED)) if store.check([registration.ERRORED]) else []
-            done = registration.parse_returned(store.get(registration.RETURNED)) if store.check([registration.RETURNED]) else {}
-            if len(set(said) | {str(r) for r in done}) >= world_size:
+            said = registration.parse_ranks(_value(store, registration.ERRORED), token, world_size)
+            done = registration.parse_returned(_value(store, registration.RETURNED), token, world_size)
+            if len(set(said) | set(done)) >= world_size:
                 return
             time.sleep(REPORT_POLL_S)
     except Exception:  # noqa: BLE001 - the controller judges from what reached it
         return
 
 
-def report_returned(store: Any, rank: int, code: int) -> None:
+def _value(store: Any, key: str) -> bytes | None:
+    return store.get(key) if store.check([key]) else None
+
+
+def report_returned(store: Any, rank: int, code: int, token: str) -> None:
     """Tell the controller this rank's command returned (0, or 85 after a requested save): its work is done,
     whatever ending the process does afterwards. Best effort, briefly: the store may be gone."""
     try:
         previous = store.timeout
         store.set_timeout(timedelta(seconds=RETURNED_TIMEOUT_S))
         try:
-            store.append(registration.RETURNED, f"{rank}:{code},")
+            store.append(registration.RETURNED, storeseal.item(token, registration.RETURNED, f"{rank}:{code}"))
         finally:
             store.set_timeout(previous)
     except Exception:  # noqa: BLE001 - the controller then judges from srun's lines alone

@@ -14,7 +14,7 @@ import signal
 from typing import Any, NoReturn
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime import registration
+from clusterctl.runtime import registration, storeseal
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -39,7 +39,7 @@ class StopRequest:
             from clusterctl.runtime import rendezvous
 
             store = rendezvous.CURRENT_STORE
-            if store is not None and store.check([registration.STOP]):
+            if store is not None and storeseal.read(store, storeseal.rank_token(), registration.STOP) is not None:
                 self.signalled = True
         return self.signalled
 

@@ -33,7 +33,7 @@ from submitit.core.utils import DelayedSubmission
 from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit.paths import save_pickle
 from clusterctl.rundir import RunDir, history, runjson
-from clusterctl.runtime import registration
+from clusterctl.runtime import registration, storeseal
 from clusterctl.runtime.stoprequest import STOP_SIGNALS
 
 POLL_S = 0.2  # how often the stop flag is looked at: one tiny store round trip
@@ -109,7 +109,7 @@ class StopWatch:
     def _watch(self) -> None:
         while not self._done.wait(POLL_S):
             try:
-                requested = self._store.check([registration.STOP])
+                requested = storeseal.read(self._store, storeseal.rank_token(), registration.STOP) is not None
             except Exception:  # noqa: BLE001 - the store left with the controller: nothing more to watch
                 return
             if requested:
@@ -142,7 +142,7 @@ def rank0_handler(delayed: DelayedSubmission, submitted: Path, run: RunDir, atte
         decision = decide(delayed, submitted, timed_out=name != "TERM")
         if store is not None:
             try:
-                store.set(DECISION, "go" if decision.go else "stay")
+                store.set(DECISION, storeseal.seal(storeseal.rank_token(), DECISION, "go" if decision.go else "stay"))
             except Exception:  # noqa: BLE001 - the others then decide on their own (see peer_handler)
                 pass
         print(f"clusterctl: SIG{name} (stop requested): {decision.why}", file=sys.stderr, flush=True)
@@ -160,8 +160,9 @@ def peer_handler(store: Any) -> Callable[[str | None], None]:
         deadline = time.monotonic() + (PEER_WAIT_S if name is None else 10.0)
         while store is not None and answer is None and time.monotonic() < deadline:
             try:
-                if store.check([DECISION]):
-                    answer = store.get(DECISION).decode()
+                sealed = storeseal.read(store, storeseal.rank_token(), DECISION)  # rank 0's, not a stranger's
+                if sealed is not None:
+                    answer = sealed.decode()
             except Exception:  # noqa: BLE001 - the store is gone: rank 0 has ended
                 break
             if answer is None:

@@ -55,6 +55,9 @@ def connect(prefix: str) -> socket.socket | str:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(name)
+            if why := protocol.not_mine(sock):
+                sock.close()
+                return f"the warm process server's socket on {node()} is not to be trusted: {why}"
             return sock
         except OSError as exc:
             sock.close()

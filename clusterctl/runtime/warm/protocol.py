@@ -2,7 +2,8 @@
 
 One stream connection per child, on an abstract Unix socket named
 `<CLUSTERCTL_WARM>.<node>` (no file to leave behind; the server takes only
-its own user's connections, by SO_PEERCRED). Messages are JSON objects, each
+its own user's connections, by SO_PEERCRED, and a client talks only to a
+server of its own user's, the same way). Messages are JSON objects, each
 preceded by its length (4 bytes, big-endian). The client opens with a `run`
 request carrying its standard input, output and error as file descriptors
 (SCM_RIGHTS); the server answers `{"pid": P}` once the child is forked, or
@@ -25,6 +26,8 @@ import struct
 from typing import Any
 
 HEADER = struct.Struct(">I")
+SO_PEERCRED = getattr(socket, "SO_PEERCRED", 17)
+CRED = struct.Struct("3i")  # pid, uid, gid
 MAX_MESSAGE = 64 << 20  # a request carries the rank's environment: large, never this large
 FDS = 3  # stdin, stdout, stderr
 
@@ -116,12 +119,31 @@ class Reader:
         return out
 
 
+def peer(conn: socket.socket) -> tuple[int, int]:
+    """The process at the other end of a Unix socket: its pid and uid, as the kernel vouches for them."""
+    pid, uid, _gid = CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, CRED.size))
+    return pid, uid
+
+
+def not_mine(sock: socket.socket) -> str:
+    """Why the server at the other end is not to be told anything ('' when it runs as this user). An abstract
+    socket's name is anyone's to take first: a request carries the rank's environment, the attempt's token and
+    the secret_env values with it."""
+    try:
+        _, uid = peer(sock)
+    except OSError as exc:
+        return f"its owner cannot be checked ({exc.strerror or exc})"
+    return "" if uid == os.geteuid() else f"it is held by uid {uid}, not this user's (uid {os.geteuid()})"
+
+
 def owns(prefix: str, node: str, pid: int, token: str, timeout_s: float = 5.0) -> bool:
     """Does `node`'s server have a child `pid` that it forked with this attempt token? False when it cannot say."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
         sock.connect(socket_name(prefix, node))
+        if not_mine(sock):
+            return False
         send(sock, {"op": "owns", "pid": pid, "token": token})
         answer, _ = receive(sock)
         return answer.get("ok") is True

@@ -29,7 +29,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -62,9 +61,7 @@ FIXED_AT_START = (
     "PYTHONWARNINGS", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONINTMAXSTRDIGITS",
     "TORCH_CPP_LOG_LEVEL", "TORCH_LOGS", "TORCH_SHOW_CPP_STACKTRACES", "LD_PRELOAD", "LD_LIBRARY_PATH",
 )
-SO_PEERCRED = getattr(socket, "SO_PEERCRED", 17)
 STOP_POLL_S = 0.25  # how often a child's stand-in is looked at: stopped, or continued
-CRED = struct.Struct("3i")  # pid, uid, gid
 
 
 def log(message: str) -> None:
@@ -81,12 +78,6 @@ def preimport(names: list[str]) -> dict[str, str]:
         except Exception as exc:  # noqa: BLE001 - a module missing here is the command's business, not ours
             failed[name] = f"{type(exc).__name__}: {exc}"
     return failed
-
-
-def peer(conn: socket.socket) -> tuple[int, int]:
-    """The connecting process's pid and uid, as the kernel vouches for them."""
-    pid, uid, _gid = CRED.unpack(conn.getsockopt(socket.SOL_SOCKET, SO_PEERCRED, CRED.size))
-    return pid, uid
 
 
 @dataclass
@@ -131,7 +122,7 @@ class Server:
     def accept(self) -> None:
         conn, _ = self.listener.accept()
         try:
-            client, uid = peer(conn)
+            client, uid = protocol.peer(conn)
             if uid != os.getuid():
                 conn.close()  # another user's process: never fork for it
                 return
