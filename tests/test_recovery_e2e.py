@@ -137,7 +137,10 @@ def losses(run: RunDir, attempt: int) -> dict[int, str]:
 def same_as_uninterrupted(backend: str, tmp_path: Path, run: RunDir, attempts: int, steps: int, spec: dict[str, Any]) -> None:
     """Every loss of `run` (a step computed twice: its last attempt's) bitwise equal to the same job run without a fault."""
     (tmp_path / "whole").mkdir()
-    whole = submit(backend, tmp_path / "whole", "whole", steps=steps, **spec).run
+    # The reference must run in one attempt: a straggler verdict on one of its healthy ranks (the lab's 4 ranks and
+    # its controller share 2 cores) would restart it, and it is a reference for losses, not a test of verdicts.
+    calm = {**spec, "watchdog": {**spec.get("watchdog", {}), "straggler_factor": 1000}}
+    whole = submit(backend, tmp_path / "whole", "whole", steps=steps, **calm).run
     wait_for("the uninterrupted run", lambda: max(losses(whole, 1), default=-1) == steps - 1, run=whole)
     interrupted: dict[int, str] = {}
     for attempt in range(1, attempts + 1):
@@ -262,7 +265,7 @@ def test_a_pre_timeout_stop_continues_uncounted_and_the_job_is_not_failed(backen
     same_as_uninterrupted(backend, tmp_path, run, 2, steps, spec)
     nothing_left(backend, run)
     saved, loaded = (rundir.read_json(run.attempt(n) / rundir.PHASE_TIMES) or {} for n in (1, 2))
-    assert saved["save"] > 0 and "load" not in saved, saved  # attempt 1 began from scratch
+    assert saved["save"] >= 0 and "load" not in saved, saved  # measured (to the aggregators' batching); from scratch
     assert loaded["load_from"] == "durable" and loaded["load"] >= 0, loaded  # attempt 3 would be judged by it
 
 
