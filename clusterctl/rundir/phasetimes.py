@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clusterctl.rundir.jsonio import read_json, write_json_atomic
-from clusterctl.rundir.layout import ATTEMPT_PREFIX, PHASE_TIMES, RECORD
+from clusterctl.rundir.layout import PHASE_TIMES, RECORD, RunDir
 
 LOAD_DURABLE = "durable"
 LOAD_MEMORY = "memory"
@@ -49,11 +49,11 @@ def write(attempt_dir: Path, longest: dict[str, float], load_from: str | None) -
 def run_longest(run_dir: Path, before: int) -> dict[str, float]:
     """The longest save and durable load of the run's attempts numbered below `before`: {phase: seconds}."""
     longest: dict[str, float] = {}
-    for entry in run_dir.glob(f"{ATTEMPT_PREFIX}*"):
-        number = entry.name.removeprefix(ATTEMPT_PREFIX)
-        if not number.isdigit() or int(number) >= before:
+    run = RunDir(Path(run_dir))
+    for number in run.attempts():
+        if number >= before:
             continue
-        record = read_json(entry / PHASE_TIMES)
+        record = read_json(run.attempt(number) / PHASE_TIMES)
         if not isinstance(record, dict):
             continue
         for phase in ("save", "load"):

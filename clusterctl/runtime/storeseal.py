@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 from typing import Any
+
+from clusterctl import envnames
 
 SEP = b"\x1f"  # the unit separator: never in compact JSON nor in a list entry
 ITEM_SEP = "~"
@@ -57,10 +60,6 @@ def read(store: Any, token: str, key: str) -> bytes | None:
 
 def rank_token() -> str:
     """This rank's attempt token, from its environment (where the launcher put it, never a file)."""
-    import os
-
-    from clusterctl import envnames
-
     return os.environ.get(envnames.TOKEN, "")
 
 
