@@ -56,9 +56,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clusterctl.runtime.watchdog import straggler_warmup
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
-WINDOW_FULL = 30  # steps before a straggler is injected: warm-up (5) plus a full 20-step window, and some
+WINDOW_FULL = straggler_warmup(20) + 20 + 5  # steps before a straggler is injected: the attempt's first window (left
+# out by the rule), a full 20-step window after it, and some
 INTERMITTENT = "2:1.5:0.3"  # rank 2 stopped 0.1 s in every 0.3 s: stalls longer than a ~20 ms step, on some steps
 
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from detection import step_at  # the last step a rank finished by a time (the timeline's one reader here)
+from detection import WINDOW_FULL, step_at  # step_at: the last step a rank finished by a time (the timeline's one reader)
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAMS = REPO / "bench" / "programs"
@@ -61,7 +61,7 @@ CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
 NODE_VERDICTS = {81, 82, 83, 86}
 CANCELLED = 89
 SCRIPT_ERROR = 88
-SLOW_ONSET_STEPS = 30  # steps a straggler's run trains before it is slowed: warm-up and a full window
+SLOW_ONSET_STEPS = WINDOW_FULL  # steps a straggler's run trains before it is slowed (detection.py says why)
 
 
 @dataclass

@@ -8,8 +8,8 @@ steps, sized to take `--minutes` clean (30; `--quick` 5). A seeded random
 fault comes every ~`--every` seconds (180; `--quick` 100), injected from
 outside through `clusterctl drill` (so every node it blames is marked
 `drill` and returns): a killed rank, a stopped rank (SIGSTOP), a 1.5x slowed
-rank (judged at `watchdog.straggler_factor` 1.4, SOAK_STRAGGLER_FACTOR), a
-lost node, the job's pre-timeout signal. The restart budget is the number of
+rank (judged with the spec's defaults; `--straggler-factor F` sets
+`watchdog.straggler_factor`), a lost node, the job's pre-timeout signal. The restart budget is the number of
 faults + 2. The next fault waits until the run trains again, and
 none comes in the last fifth of the run, so it can finish.
 
@@ -56,18 +56,15 @@ from clusterctl.rundir import read_json
 STEP_COMPUTE_S = 0.25  # the busy loop of a step: about 0.3 s a step with the rest on this machine
 FAULTS = ("kill", "hang", "slow", "node", "pre-timeout")
 WINDOW_S = 600.0
-# The lab's 4 ranks, their snapshot threads and the launcher share this machine's 2 cores: a healthy rank's compute
-# was 1.26x its peers' for a whole window in 2 of 3 full soaks at the default 1.25 (bench/README.md), which no GPU
-# node sees from its neighbours. The soak's slowed rank is 1.5x.
-SOAK_STRAGGLER_FACTOR = 1.4
 
 
-def spec(name: str, site: str, runs: Path, steps: int, budget: int, compute_s: float) -> dict[str, Any]:
+def spec(name: str, site: str, runs: Path, steps: int, budget: int, compute_s: float,
+         straggler_factor: float | None = None) -> dict[str, Any]:
     return {
         "name": name, "site": site, "time_limit": "3h", "nodes": 2, "gpus_per_node": 2, "spares": 1 if compute_s else 0,
         "runs_root": str(runs), "model": MODEL, "seq_len": SEQ_LEN,
         "restart": {"budget": budget},
-        "watchdog": {"straggler_factor": SOAK_STRAGGLER_FACTOR},
+        "watchdog": {"straggler_factor": straggler_factor} if straggler_factor else {},
         "checkpoint": {"interval": 100, "keep": 2},
         "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "0",
                     "--step-compute-s", f"{compute_s:g}"],
@@ -171,6 +168,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="about 5 minutes, 2 faults")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--straggler-factor", type=float, default=None,
+                        help="watchdog.straggler_factor for the run (default: the spec's, 1.25)")
     parser.add_argument("--local", action="store_true", help="on the local backend (default: the Slurm test cluster)")
     parser.add_argument("--minutes", type=float, default=None, help="the clean run's length (30; --quick 5)")
     parser.add_argument("--every", type=float, default=None, help="seconds between faults, about (180; --quick 100)")
@@ -197,7 +196,8 @@ def main() -> None:
         scratch = Path(tmp)
         os.environ["CLUSTERCTL_LOCAL_STATE"] = str(scratch / "local-state")
         try:
-            run = submit(jobs, scratch, spec("soak", site, scratch / "runs", steps, planned + 2, STEP_COMPUTE_S), backend)
+            run = submit(jobs, scratch, spec("soak", site, scratch / "runs", steps, planned + 2, STEP_COMPUTE_S,
+                                              args.straggler_factor), backend)
             show(f"soak: {steps} steps, {planned} faults ({', '.join(kinds)}), every ~{every:g} s; run {run}")
             current = training_attempt(run, 0, 600)
             if current is None:

@@ -83,10 +83,10 @@ def compute_series(attempt: Path) -> list[list[tuple[int, float]]]:
 def replay(series: list[list[tuple[int, float]]], window: int, limits: Any) -> dict[str, Any]:
     """The rule's statistics at every window of the attempt (the watchdog sees one each step)."""
     from clusterctl.runtime import straggler
-    from clusterctl.runtime.watchdog import PERSIST_STEPS, WARMUP_STEPS
+    from clusterctl.runtime.watchdog import PERSIST_STEPS, straggler_warmup
 
     floors_off = straggler.Limits(limits.factor, 0.0, 0.0)
-    usable = [s[WARMUP_STEPS:] for s in series]
+    usable = [s[straggler_warmup(window):] for s in series]
     compute = [dict(s) for s in usable]
     shared = sorted(set.intersection(*(set(c) for c in compute)))
     lost, ratios, past_lost, past_compute, all_compute = [], [], [0.0], [0.0], []

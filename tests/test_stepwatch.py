@@ -80,3 +80,26 @@ def test_the_step_number_is_the_optimizers_own_count_after_a_resume() -> None:
     adam.step()
     assert stepwatch.optimizer_step(adam) == 41  # the 42nd step: 0-based 41
     assert stepwatch.optimizer_step(torch.optim.SGD([param], lr=0.1)) is None  # keeps no count: the attempt counts
+
+
+def test_a_forward_without_gradients_is_an_evaluation_not_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference trainer's evaluation at step 24 took longer than 5 steps: taken for `forward`, it was judged
+    by a step's timeout, a false hang on every rank. A forward under no_grad, or of a model in eval mode, is `eval`
+    (judged by watchdog.hang_timeout); a training forward is `forward`."""
+    torch = pytest.importorskip("torch")
+    noted: list[str] = []
+
+    class Watch:
+        def note(self, phase: str) -> None:
+            noted.append(phase)
+
+    monkeypatch.setattr(stepwatch, "_WATCH", Watch())
+    model = torch.nn.Linear(2, 2)
+    stepwatch._on_forward(model, ())
+    with torch.no_grad():
+        stepwatch._on_forward(model, ())
+    model.eval()
+    stepwatch._on_forward(model, ())
+    model.train()
+    stepwatch._on_forward(model, ())
+    assert noted == ["forward", "eval", "eval", "forward"]

@@ -259,6 +259,27 @@ def test_a_rank_slower_than_its_own_past_but_not_than_its_peers_is_no_straggler(
         assert wd.check(t) is None, step
 
 
+def test_an_attempts_first_window_is_not_judged_a_restarts_uneven_start_is_no_straggler() -> None:
+    """After a warm restart one healthy rank ran 1.3-1.4x its peers for most of a window (the soak on the lab);
+    the attempt's first `window` steps are left out, a rank slow after them is still named."""
+    slow_start = {rank: 0.8 * (1.5 if rank == 3 else 1.0) for rank in range(4)}
+    wd, t = training(steps=30, compute=slow_start)  # the first window and 10 steps more: rank 3 at 1.5x
+    for step in range(30, 60):
+        t += 1.0
+        for rank in range(4):
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.0, "compute_s": 0.8}, t)
+        assert wd.check(t) is None, step
+    for step in range(60, 90):
+        t += 1.5
+        for rank in range(4):
+            c = 1.2 if rank == 3 else 0.8
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.5, "compute_s": c}, t)
+        finding = wd.check(t)
+        if finding is not None:
+            break
+    assert finding is not None and [c["rank"] for c in finding.culprits] == [3]
+
+
 def test_tiny_steps_with_large_ratios_are_timing_jitter_not_a_straggler() -> None:
     """The field's case: a ~0.35 ms compute step that takes 1.45 ms on one rank is 4x, and lost nothing worth a node."""
     wd, t = training(steps=30, step_s=0.016, compute={r: 0.00035 for r in range(4)})

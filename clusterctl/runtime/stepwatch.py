@@ -325,11 +325,18 @@ def _grad_ready(param: Any) -> None:
 
 
 def _on_forward(module: Any, args: Any) -> None:  # noqa: ARG001
-    """A DDP model's forward: the phase, and before its first backward a hook on each of its parameters."""
+    """A DDP model's forward: the phase, and before its first backward a hook on each of its parameters.
+
+    A forward without gradients, or of a model in eval mode, is an evaluation (a validation loop between
+    steps, the reference trainer's `evaluate`): the phase `eval`, which the watchdog judges by
+    `watchdog.hang_timeout`, not by a step's timeout. Taken for `forward`, an evaluation longer than 5 steps
+    was a false hang verdict on every rank (bench/precision.py's clean trainer runs)."""
     watch = _WATCH
     if watch is None:
         return
-    watch.note("forward")
+    import torch
+
+    watch.note("forward" if module.training and torch.is_grad_enabled() else "eval")
     if getattr(module, "_clusterctl_grads", False):
         return
     module._clusterctl_grads = True

@@ -36,7 +36,7 @@ Rules (docs/design/watchdog.md says the same):
   slow GPU persists. A rank that stalls on some steps only is judged with
   every step counted, over `straggler.RECUR_WINDOWS` windows in a row, each
   with its stalls: the spikes the trim leaves out do not come back, its
-  stalls do. Peers only, within one attempt, after warm-up: a
+  stalls do. Peers only, within one attempt, after its first window: a
   machine-wide slowdown is nobody's straggler, and a rank's own earlier steps
   are no baseline.
 """
@@ -65,6 +65,15 @@ MEASURED_PHASES = ("save", "load")
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 PROGRESS_KINDS = ("phase", "step")
 WAITING_PHASES = ("collective",)
+
+
+def straggler_warmup(window: int) -> int:
+    """Steps of each attempt the straggler rule leaves out: the attempt's first window (at least WARMUP_STEPS).
+
+    A restart's first steps, warm or cold, change the ranks' paces unevenly (page-ins, the allocator, in-memory
+    replicas sent to new peers): the soak's false verdicts on healthy ranks (1.26-1.38x their peers, on the 2-core
+    test cluster) all came in the attempt right after a warm restart."""
+    return max(WARMUP_STEPS, window)
 
 
 @dataclass
@@ -368,7 +377,8 @@ class Watchdog:
         PERSIST_STEPS, or in stalls that recur over straggler.RECUR_WINDOWS windows."""
         s = self.settings
         limits = straggler.limits(s)
-        series = [list(r.compute)[WARMUP_STEPS:] for r in self.ranks]  # each rank's steps after its warm-up
+        skip = straggler_warmup(s.window)
+        series = [list(r.compute)[skip:] for r in self.ranks]  # each rank's steps after the attempt's first window
         span = straggler.common_steps(series, s.window, earlier=(straggler.RECUR_WINDOWS - 1) * s.window)
         if span is None:
             self._suspect = None
