@@ -45,8 +45,10 @@ def cancel_slurm_jobs_under(tmp_path: Path) -> None:
 @pytest.fixture(autouse=True)
 def _own_state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test has its own user state: the runs roots it submitted into (rundir/roots.py) and the local
-    backend's jobs, so a run id or `local-N` one test made never resolves in another (or the machine's own)."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "user-state"))
+    backend's jobs, so a run id or `local-N` one test made never resolves in another (or the machine's own).
+    The state home sits beside tmp_path, not in it: the user's checkpoint key (checkpoint/trust.py) lives
+    there, and tests that use tmp_path as a checkpoint directory list exactly what a save left."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path.with_name(tmp_path.name + "-state")))
     monkeypatch.setenv("CLUSTERCTL_LOCAL_STATE", str(tmp_path / "local-state"))
 
 

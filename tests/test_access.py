@@ -128,6 +128,74 @@ def test_a_group_run_is_readable_by_its_group_and_no_one_else(shared: Path) -> N
     assert json.loads(status.stdout)["state"] == "completed"
 
 
+# What the stranger plants where the owner's job will look for a checkpoint: a generation whose DCP index is a
+# pickle that, once loaded by the owner's ranks, would run the stranger's code as the owner (it leaves a file).
+PLANT = """
+import json, os, pickle, sys
+class Run:
+    def __reduce__(self):
+        return (os.system, (f"touch {sys.argv[2]}",))
+gen = os.path.join(sys.argv[1], "step-00000005")
+os.makedirs(gen)
+open(os.path.join(gen, ".metadata"), "wb").write(pickle.dumps(Run()))
+size = os.path.getsize(os.path.join(gen, ".metadata"))
+json.dump({"format": "clusterctl-checkpoint/1", "step": 5, "world_size": 2, "ranks": [{}, {}], "mode": "sync",
+           "shards": {".metadata": {"rank": 0, "size": size, "checksum": "0"}}}, open(os.path.join(gen, "manifest.json"), "w"))
+"""
+
+
+def planted_job(shared: Path, **extra: object) -> Path:
+    spec = {"name": "planted", "site": "local", "time_limit": "10m", "nodes": 1, "gpus_per_node": 1,
+            "runs_root": str(shared / "runs"), "checkpoint": {"dir": str(shared / "ckpt")}, "command": ["true"], **extra}
+    (shared / "job.yaml").write_text(json.dumps(spec))
+    return shared / "job.yaml"
+
+
+def test_a_checkpoint_directory_a_stranger_made_first_is_refused_at_submit(shared: Path) -> None:
+    """Attack 1: in a shared scratch (sticky, every user may create), the stranger makes the owner's checkpoint.dir
+    first and plants a generation whose index would run their code on every rank. Nothing is submitted."""
+    shared.chmod(0o1777)
+    (shared / "plant.py").write_text(PLANT)
+    planted = as_user(STRANGER, "/usr/bin/python3", str(shared / "plant.py"), str(shared / "ckpt"), str(shared / "ran"))
+    assert planted.returncode == 0, planted.stderr
+    result = cli("submit", str(planted_job(shared)))
+    assert result.exit_code == ExitCode.BAD_CONFIG, result.output
+    assert f"checkpoint.dir: got '{shared / 'ckpt'}'" in result.output and f"owner {STRANGER}" in result.output
+    assert "belongs to another user" in result.output
+    assert not (shared / "runs").exists() and not (shared / "ran").exists()
+
+
+def test_a_runs_root_or_checkpoint_directory_others_can_write_is_refused_at_submit(shared: Path) -> None:
+    """Attack 2: a runs root the stranger can write lets them swap a new run directory for theirs (their wrapper,
+    the owner's secrets). Refused with the path, its owner and mode, and the fix; nothing is written."""
+    (shared / "runs").mkdir()
+    (shared / "runs").chmod(0o777)
+    result = cli("submit", str(planted_job(shared)))
+    assert result.exit_code == ExitCode.BAD_CONFIG, result.output
+    assert "runs_root" in result.output and "drwxrwxrwx" in result.output and "chmod go-w" in result.output
+    assert list((shared / "runs").iterdir()) == []
+    (shared / "runs").chmod(0o700)
+    (shared / "ckpt").mkdir()
+    (shared / "ckpt").chmod(0o777)
+    result = cli("submit", str(planted_job(shared)))
+    assert result.exit_code == ExitCode.BAD_CONFIG and "checkpoint.dir" in result.output, result.output
+    assert list((shared / "runs").iterdir()) == []
+
+
+def test_the_batch_script_reads_nothing_of_a_run_that_others_can_write(tmp_path: Path) -> None:
+    """The check again when the job starts: a run directory that became writable by others since submit is not
+    run (its secrets file and wrapper could be anyone's by now); 77 and a line that says why."""
+    (tmp_path / "job.yaml").write_text(json.dumps({
+        "name": "later", "site": "local", "time_limit": "10m", "nodes": 1, "gpus_per_node": 1,
+        "runs_root": str(tmp_path / "runs"), "command": ["true"]}))
+    run = submit_job(load_job(tmp_path / "job.yaml"), "local", dry_run=True).run
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}  # every other job of the suite passes the check
+    run.path.chmod(0o777)
+    refused = subprocess.run(["bash", str(run.path / "job.sbatch")], capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == ExitCode.NO_PERMISSION, refused.stderr
+    assert f"refusing to run: {run.path} (owner uid {os.geteuid()}, mode 777)" in refused.stderr
+
+
 def test_group_sharing_needs_a_group_this_machine_knows(shared: Path) -> None:
     (shared / "job.yaml").write_text(json.dumps({"name": "g", "site": "local", "time_limit": "10m", "nodes": 1, "gpus_per_node": 1, "runs_mode": "group",
                                                  "runs_root": str(shared / "runs"), "command": ["true"]}))
@@ -221,7 +289,7 @@ def test_a_stranger_who_finds_the_ports_can_neither_stop_nor_fool_a_running_job(
     controller call that node lost (86) and move the run to another job. Now: nothing the stranger sends counts."""
     script = ROOT / "examples" / "own-script" / "train_ddp_contract.py"
     spec = {"name": "target", "site": "local", "time_limit": "10m", "nodes": 2, "gpus_per_node": 1,
-            "runs_root": str(shared / "runs"), "command": ["python3", str(script)], "env": {"STEPS": "60", "BUSY_S": "0.1"}}
+            "runs_root": str(shared / "runs"), "command": ["python3", str(script)], "env": {"STEPS": "150", "BUSY_S": "0.1"}}
     (shared / "job.yaml").write_text(json.dumps(spec))
     run = submit_job(load_job(shared / "job.yaml"), "local").run
     attempt = run.path / "attempt-1"
@@ -237,6 +305,19 @@ def test_a_stranger_who_finds_the_ports_can_neither_stop_nor_fool_a_running_job(
     assert tried.returncode == 0, tried.stderr
     seen = json.loads(tried.stdout)
     assert seen["challenged"] == seen["closed"] == len(hosts) and seen["held"] > 0, seen
+    # bench/programs/stranger.py: forged values in the store (a verdict, a post-check outcome naming nodes, an
+    # ECC error report, malformed list entries, a rewritten registration, a stop five times), then a flood of
+    # nested brackets and refused hellos at the watch port. The store has no notion of users: where the stranger's
+    # Python cannot load this checkout's torch, another process writes the same.
+    shutil.copy(ROOT / "bench" / "programs" / "stranger.py", shared / "attacks.py")
+    master = json.loads((attempt / "attempt.json").read_text())["master_addr"]
+    store = as_user(STRANGER, "env", f"PYTHONPATH={site_packages()}", "HOME=/tmp", "/usr/bin/python3",
+                    str(shared / "attacks.py"), "store", master, str(ports["port"]))
+    if store.returncode != 0:
+        subprocess.run([sys.executable, str(shared / "attacks.py"), "store", master, str(ports["port"])], check=True,
+                       capture_output=True, timeout=60)
+    flood = as_user(STRANGER, "/usr/bin/python3", str(shared / "attacks.py"), "watch", master, str(ports["watch_port"]), "3")
+    assert flood.returncode == 0 and json.loads(flood.stdout)["connections"] > 0, flood.stderr
     # The run's files are not the stranger's to read, so its commands cannot even find the run.
     for command in (["cancel", str(run.path)], ["drill", str(run.path), "--kill", "0"]):
         denied = as_user(STRANGER, "env", f"PYTHONPATH={ROOT}:{site_packages()}", "HOME=/tmp", "/usr/bin/python3", "-c",
@@ -254,9 +335,11 @@ def test_a_stranger_who_finds_the_ports_can_neither_stop_nor_fool_a_running_job(
     assert verdict["ok"] is True, verdict
     timeline = (attempt / "timeline.jsonl").read_text()
     assert '"node_lost"' not in timeline and "1000000" not in timeline
+    assert not (run.path / "attempt-2").exists() and not (shared / "runs" / "suspects.jsonl").exists()
     log = next(run.path.glob("slurm-*.out")).read_text()
     # One line for the stranger's address, its later refusals counted in one (a flood cannot fill the log).
     assert log.count("without this attempt's secret") == 1 and "more connections (" in log, log
+    assert len(log) < 64 * 1024 and "forged" not in log and "ECC" not in log
 
 
 def grep_tree(top: Path, needle: bytes) -> list[str]:

@@ -257,3 +257,52 @@ def test_the_aggregator_drops_malformed_datagrams_and_keeps_the_good_ones(tmp_pa
         inbound.close()
     assert [(m["rank"], m["step"]) for m in agg.pending] == [(0, 4)]
     assert agg.pids == {0: os.getpid()}
+
+
+def test_an_aggregator_crowded_out_before_its_hello_was_heard_tries_again_and_gets_in(
+        srv: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger on the aggregator's own node (same address) churns connections at attempt start: each new one
+    evicts the oldest waiting one from that address, the aggregator's among them. It used to read the close as "the
+    controller is done" and exit, leaving its node unwatched; now it is in only once welcomed, and retries."""
+    from clusterctl.runtime.aggregator import Aggregator
+
+    monkeypatch.setattr(watchserver, "UNGREETED_PER_PEER", 2)  # a crowd of two is enough to evict anyone
+    answer, answers = greeting.hello, []
+
+    def slow_first_answer(*args: object) -> bytes:  # a loaded node: its first hello comes after the crowd moved in
+        answers.append(args)
+        if len(answers) == 1:
+            time.sleep(0.5)
+        return answer(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(greeting, "hello", slow_first_answer)
+    stop = threading.Event()
+    evicted = []
+
+    def churn() -> None:
+        while not stop.is_set():
+            try:
+                evicted.append(srv.connect())
+            except OSError:
+                pass
+            time.sleep(0.001)
+
+    crowd = threading.Thread(target=churn, daemon=True)
+    crowd.start()
+    try:
+        agg = Aggregator("n2", TOKEN, ("127.0.0.1", srv.server.port), "/unused", None)
+        conn = agg.connect()
+    finally:
+        stop.set()
+        crowd.join()
+        for c in evicted:
+            c.close()
+    try:
+        assert len(answers) >= 2  # the first connection was crowded out, and it tried again
+        with srv.server.lock:
+            assert [i["node"] for i in srv.server.conns.values() if i["greeted"]] == ["n2"]
+        agg.out = conn
+        agg.send({"kind": "batch", "beats": [{"kind": "phase", "rank": 1, "step": 9, "phase": "forward", "pid": 1}]})
+        assert srv.server.wait_until(lambda: srv.watchdog.ranks[1].step == 9, 5)
+    finally:
+        conn.close()

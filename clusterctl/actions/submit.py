@@ -21,7 +21,7 @@ from clusterctl.plan.commandcheck import PYTHON_ENV, CommandCheck, Where, check_
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
 from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.render.runfiles import create_run, node_python, runs_root, shipped_root
-from clusterctl.rundir import RunDir, access, roots, secretenv, suspects
+from clusterctl.rundir import RunDir, access, ownership, roots, runjson, secretenv, suspects
 from clusterctl.rundir.suspects import Suspect
 
 # Pending reasons that no amount of waiting resolves: the job as asked cannot run here.
@@ -79,6 +79,7 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
     refuse_missing_secrets(job)
     refuse_missing_image(job)
     said = refuse_bad_command(job, Path.cwd())  # sbatch runs in this directory, and so do the ranks
+    refuse_untrusted_places(job)
     run = create_run(job)
     roots.remember(run.path.parent)  # so that `status RUN` finds it from any directory
     run.write_state(**choice.as_state())
@@ -93,6 +94,48 @@ def submit_job(job: PlannedJob, backend_name: str | None = None, *, dry_run: boo
     except ClusterctlError:
         shutil.rmtree(run.path, ignore_errors=True)  # refused or unreachable: no job, so no run to look at
         raise
+
+
+def refuse_untrusted_places(job: PlannedJob | JobConfig) -> None:
+    """A runs root or checkpoint directory that another user could write (or rename away), or a checkpoint
+    directory whose newest generation this user's runs did not seal, refuses the job before anything is written:
+    what the run reads from them runs as its owner (rundir/ownership.py, checkpoint/trust.py)."""
+    checkpoints = Path(job.spec.checkpoint.dir).expanduser() if job.spec.checkpoint.dir else None
+    field = "runs_root" if job.spec.runs_root else "site runs_root"
+    problems = untrusted_places(runs_root(job), field, checkpoints)
+    if problems:
+        raise ConfigError(f"job spec {job.spec_path}", problems)
+
+
+def refuse_untrusted_run(run: RunDir) -> None:
+    """A run directory, its runs root or its checkpoint directory that is not this user's alone is not submitted;
+    one that will be gets this user's checkpoint key (trust.install: a laptop's never travels to a login node)."""
+    from clusterctl.checkpoint import trust
+
+    plan = runjson.read(run.path)
+    checkpoints = Path(plan.checkpoint.dir) if plan is not None and plan.checkpoint.dir else None
+    problems = untrusted_places(run.path.parent, "runs_root", checkpoints)
+    if why := ownership.untrusted(run.path):
+        problems.append(Problem("run directory", str(run.path), f"expected a directory only you can write; {why}"))
+    if problems:
+        raise ConfigError(f"run {run.path}", problems)
+    trust.install(run.path)
+
+
+def untrusted_places(root: Path, root_field: str, checkpoints: Path | None) -> list[Problem]:
+    """What is wrong with a runs root and a checkpoint directory (None: the run's own) for a run to trust them."""
+    from clusterctl.checkpoint import trust
+    from clusterctl.checkpoint.generations import refusal
+
+    problems = []
+    if why := ownership.untrusted(root):
+        problems.append(Problem(root_field, str(root), f"expected a directory only you can write; {why}"))
+    if checkpoints is not None:
+        if why := ownership.untrusted(checkpoints):
+            problems.append(Problem("checkpoint.dir", str(checkpoints), f"expected a directory only you can write; {why}"))
+        elif checkpoints.is_dir() and (why := refusal(checkpoints, trust.user_key())):
+            problems.append(Problem("checkpoint.dir", str(checkpoints), f"expected checkpoints your runs wrote; {why}"))
+    return problems
 
 
 def command_where(job: PlannedJob | JobConfig, workdir: Path, *, how: str = "the directory clusterctl submit ran in",
@@ -167,9 +210,11 @@ def refuse_missing_secrets(job: PlannedJob | JobConfig) -> None:
 
 
 def submit_rendered(run: RunDir, backend: Backend, workdir: Path, options: list[str] | None = None) -> Submitted:
-    """Hand a complete run directory's batch script to the backend; state.json says how it went."""
+    """Hand a complete run directory's batch script to the backend; state.json says how it went. Every submission
+    comes here (submit, requeue, a laptop's run on its login node), so the run's places are checked here too."""
     name = backend.name
     try:
+        refuse_untrusted_run(run)
         submission = backend.submit(run.sbatch, workdir, options)
     except ClusterctlError as exc:
         run.write_state(state="failed", backend=name, reason=exc.message, exit_code=int(exc.exit_code))

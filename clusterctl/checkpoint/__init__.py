@@ -49,6 +49,10 @@ Resharding (a generation saved under one world size, loaded under another):
   `rank % saved_world_size`. A rank new to the world borrows a peer's RNG
   state, so re-derive RNG from (seed, step, rank) after a change.
 Not supported: torch's older ShardedTensor (FSDP1) state in async saves.
+Trust (trust.py): loading unpickles DCP's index, so `latest_committed` returns only a generation that is
+this user's alone and whose manifest carries this user's seal (an HMAC with the key in
+$XDG_STATE_HOME/clusterctl); `refusal` says why the newest whole one is not, and `clusterctl checkpoints
+DIR --adopt` (adoption.py) verifies and seals one written before seals or copied in.
 Listing, `latest_committed` and `verify` import no torch (login nodes have none).
 """
 

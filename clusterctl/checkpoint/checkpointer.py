@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from clusterctl.checkpoint import asyncsave, protocol, reshard
 from clusterctl.checkpoint.asyncsave import SaveHandle, Stager
 from clusterctl.checkpoint.errors import CheckpointError
-from clusterctl.checkpoint.generations import Generation, latest_committed
+from clusterctl.checkpoint.generations import Generation, resumable
 from clusterctl.checkpoint.protocol import Context, Timings, save_generation
 
 
@@ -154,15 +154,19 @@ class Checkpointer:
 
     # --- resuming -------------------------------------------------------------------------
     def latest(self) -> Generation | None:
-        """The newest committed generation, as rank 0 sees it (so that every rank agrees); collective."""
+        """The newest committed generation, as rank 0 sees it (so that every rank agrees); collective.
+        CheckpointError on every rank when the newest whole one is not this user's to load (trust.py)."""
         self._check_open()
         self.wait()
-        found = latest_committed(self.directory) if self.rank == 0 else None
+        found = resumable(self.directory) if self.rank == 0 else (None, None)
         if self._ctx.group is not None:
             box = [found]
             dist.broadcast_object_list(box, src=dist.get_global_rank(self._ctx.group, 0), group=self._ctx.group)
             found = box[0]
-        return found
+        generation, refused = found
+        if refused:  # the same error on every rank: the script's, no node is blamed (runtime/blame.py)
+            raise CheckpointError(refused)
+        return generation
 
     def load(self, generation: Generation, state: dict[str, Any]) -> dict[str, Any]:
         """Load `generation` into `state` in place (DCP reshards); this rank's extra (reshard.py); collective."""

@@ -5,7 +5,9 @@ CLI use them as well as the ranks. A name `step-N` exists only after the
 commit's rename, so a generation under that name is whole by construction;
 `latest_committed` still checks the manifest and stats every shard, so that a
 directory damaged afterwards (a torn copy, a lost file) is skipped in favour
-of the next older whole one rather than resumed from.
+of the next older whole one rather than resumed from. It also returns only a
+generation this user may load (checkpoint/trust.py: theirs alone, sealed with
+their key); `refusal` says why, when the newest whole one is not.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from clusterctl.checkpoint import durable, names
+from clusterctl.checkpoint import durable, names, trust
 from clusterctl.checkpoint import manifest as manifest_mod
+
+UNTRUSTED = "untrusted"  # a whole committed generation this user may not load (trust.py)
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class GenerationInfo:
     name: str
     path: Path
     step: int
-    kind: str  # committed | torn | temporary | trash | superseded
+    kind: str  # committed | untrusted | torn | temporary | trash | superseded
     token: str | None
     size_bytes: int
     mtime: float
@@ -80,15 +84,35 @@ def _entries(directory: Path) -> list[tuple[names.ParsedName, Path]]:
     return [(p, path) for p, path in found if p is not None]
 
 
-def latest_committed(directory: str | Path) -> Generation | None:
-    """The newest whole committed generation, or None; never a temporary or torn one."""
+def _whole(directory: Path) -> Iterator[Generation]:
+    """Every whole committed generation, newest first, read lazily (the newest is usually the one wanted)."""
     committed = [(p.step, path) for p, path in _entries(Path(directory)) if p.kind == names.COMMITTED]
     for _step, path in sorted(committed, reverse=True):
         try:
-            return open_generation(path)
+            yield open_generation(path)
         except (manifest_mod.ManifestError, OSError):
             continue
-    return None
+
+
+def latest_committed(directory: str | Path, key: bytes | None = None) -> Generation | None:
+    """The newest whole committed generation this user may load (`key`: the run's, trust.run_key), or None;
+    never a temporary, torn or untrusted one."""
+    key = trust.run_key() if key is None else key
+    return next((g for g in _whole(Path(directory)) if trust.refused(g.path, g.manifest, key) is None), None)
+
+
+def resumable(directory: str | Path, key: bytes | None = None) -> tuple[Generation | None, str | None]:
+    """What a resume loads: the newest whole committed generation and None, or None and why it may not be loaded
+    (a run must not start over, or from an older step, in silence because its newest state is not trusted)."""
+    key = trust.run_key() if key is None else key
+    newest = next(_whole(Path(directory)), None)
+    why = trust.refused(newest.path, newest.manifest, key) if newest is not None else None
+    return (None, why) if why else (newest, None)
+
+
+def refusal(directory: str | Path, key: bytes | None = None) -> str | None:
+    """Why the newest whole committed generation may not be loaded, or None when it may (or there is none)."""
+    return resumable(directory, key)[1]
 
 
 def committed_steps(directory: Path) -> list[int]:
@@ -96,14 +120,18 @@ def committed_steps(directory: Path) -> list[int]:
     return sorted((p.step for p, _ in _entries(directory) if p.kind == names.COMMITTED), reverse=True)
 
 
-def list_generations(directory: str | Path) -> list[GenerationInfo]:
+def list_generations(directory: str | Path, key: bytes | None = None) -> list[GenerationInfo]:
     """Every generation-like entry, committed or not, newest step first."""
+    key = trust.run_key() if key is None else key
     infos = []
     for parsed, path in _entries(Path(directory)):
         kind, problem, world = parsed.kind, None, None
         if parsed.kind == names.COMMITTED:
             try:
-                world = open_generation(path).manifest["world_size"]
+                generation = open_generation(path)
+                world = generation.manifest["world_size"]
+                problem = trust.refused(path, generation.manifest, key)
+                kind = UNTRUSTED if problem else kind
             except (manifest_mod.ManifestError, OSError) as exc:
                 kind, problem = "torn", str(exc)
         infos.append(
@@ -119,5 +147,5 @@ def list_generations(directory: str | Path) -> list[GenerationInfo]:
                 problem=problem,
             )
         )
-    order = {names.COMMITTED: 0, "torn": 1, names.TEMPORARY: 2, names.SUPERSEDED: 3, names.TRASH: 4}
+    order = {names.COMMITTED: 0, UNTRUSTED: 1, "torn": 1, names.TEMPORARY: 2, names.SUPERSEDED: 3, names.TRASH: 4}
     return sorted(infos, key=lambda i: (-i.step, order.get(i.kind, 9), -i.mtime))

@@ -33,7 +33,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from clusterctl.checkpoint import durable, names, phases, retention
+from clusterctl import envnames
+from clusterctl.checkpoint import durable, names, phases, retention, trust
 from clusterctl.checkpoint import manifest as manifest_mod
 from clusterctl.checkpoint.checksums import ShardDigest
 from clusterctl.checkpoint.errors import CheckpointError
@@ -130,10 +131,13 @@ def _write_shards(ctx: Context, tmp: Path, step: int, state: dict[str, Any]) -> 
 
 
 def commit(directory: Path, tmp: Path, step: int, token: str, manifest: dict[str, Any]) -> Path:
-    """Coordinator only: manifest, fsyncs, rename. Returns the committed path.
+    """Coordinator only: manifest (sealed with the run's key: trust.py), fsyncs, rename. Returns the committed path.
 
+    The seal is added to `manifest` in place, so the caller's Generation carries exactly what was written.
     (Also the last part of a framework's save: checkpoint/filesets.py.)
     """
+    run_dir = os.environ.get(envnames.RUN_DIR)
+    manifest.update(trust.sign(manifest, trust.run_key(), Path(run_dir).name if run_dir else None))
     manifest_mod.write(tmp, manifest)
     phases.enter(phases.DIR_FSYNC, step)
     durable.fsync_dir(tmp)

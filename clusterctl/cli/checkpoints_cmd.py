@@ -19,6 +19,21 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import runjson
 
 
+def adopt_in(directory: Path, to_stderr: bool = False) -> None:
+    """Seal what `directory` holds that is refused today (checkpoint/adoption.py), saying what was and was not."""
+    from clusterctl.checkpoint import adoption, trust
+    from clusterctl.rundir import ownership
+
+    why = ownership.untrusted(directory)
+    if why:
+        raise ClusterctlError(f"not adopting anything in {directory}: {why}", ExitCode.NO_PERMISSION)
+    done = adoption.adopt_untrusted(directory, trust.user_key())
+    lines = [f"adopted {item.name}: verified and sealed with your key" if item.problem is None
+             else f"not adopted {item.name}: {item.problem}" for item in done]
+    for line in lines or [f"nothing to adopt in {directory}: no whole generation in it is refused"]:
+        typer.echo(line, err=to_stderr)  # --json: stdout keeps the listing alone
+
+
 def checkpoint_dir(target: Path, root: Path | None = None) -> Path:
     """A run directory (its checkpoint.dir, else <run>/checkpoints), a checkpoint directory itself, or a run's name."""
     plan = runjson.read(target) if target.is_dir() else None
@@ -35,6 +50,9 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         target: Annotated[Path, typer.Argument(metavar="RUN|DIR", help="run directory, run id or job id of a run, or a checkpoint directory")],
         check: Annotated[bool, typer.Option("--verify/--no-verify", help="recompute sizes and checksums")] = True,
+        adopt: Annotated[bool, typer.Option("--adopt", help=(
+            "trust this directory's unsealed generations once (written before seals, or copied in): each that is"
+            " yours alone and verifies is sealed with your key, and resumed from like your own"))] = False,
         as_json: JsonOpt = False,
         root: RootOpt = None,
         remote: RemoteOpt = None,
@@ -45,6 +63,8 @@ def register(app: typer.Typer) -> None:
         from clusterctl.checkpoint import latest_committed, list_generations, verify
 
         directory = checkpoint_dir(target, root)
+        if adopt:
+            adopt_in(directory, to_stderr=as_json)
         try:
             entries = list_generations(directory)
             latest = latest_committed(directory)

@@ -267,7 +267,9 @@ class Site(Section):
     templates: PlainPath | None = Field(None, description="directory of templates overriding the shipped ones")
     oversubscribe: bool = Field(False, description="emulated GPUs may share CPUs (local and test sites)")
     runs_root: PlainPath | None = Field(
-        None, description="where run directories go when the spec names none; ~ and $VARIABLES are expanded"
+        None, description=("where run directories go when the spec names none; ~ and $VARIABLES are expanded ($USER"
+                           " is the submitting user); it must be the user's and writable by no one else: a shared one is"
+                           " /shared/runs/$USER under a root-owned sticky parent (docs/admin/shared.md)")
     )
     runs_mode: RunsMode = Field("private", description=RUNS_MODE_DESCRIPTION + "; a spec may choose otherwise")
     runs_group: GroupName | None = Field(None, description="the group `runs_mode: group` shares runs with")

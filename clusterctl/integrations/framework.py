@@ -30,8 +30,9 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
+from clusterctl.checkpoint.errors import CheckpointError
 from clusterctl.checkpoint.filesets import commit_files
-from clusterctl.checkpoint.generations import Generation, latest_committed
+from clusterctl.checkpoint.generations import Generation, resumable
 from clusterctl.checkpoint.snapshots import Restored, Snapshots, open_snapshots
 from clusterctl.runtime import heartbeat as heartbeats
 from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
@@ -73,7 +74,9 @@ class FrameworkLoop:
         it wins when not older than the newest committed generation. Its load
         (or the generation's) is the phase `load`.
         """
-        generation = latest_committed(self.directory) if self.directory.is_dir() else None
+        generation, refused = resumable(self.directory) if self.directory.is_dir() else (None, None)
+        if refused:  # every rank reads the same directory: the same error everywhere, the script's (trust.py)
+            raise CheckpointError(refused)
         snapshots = self._open_snapshots()
         found = snapshots.restore(generation.step if generation is not None else None) if snapshots is not None else None
         if self.rank == 0:

@@ -6,6 +6,7 @@ so a crash or a rejected submission never leaves a half-made run behind.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
@@ -88,10 +89,11 @@ def runs_root(job: PlannedJob | JobConfig) -> Path:
 def expand_path(text: str) -> tuple[Path | None, str | None]:
     """`~` and `$VARIABLE`s expanded here, relative to the working directory; (None, the first variable that is
     not set) rather than a directory named after it. A login node does this for a laptop (`version --expand`)."""
-    unset = [a or b for a, b in _VARIABLE.findall(text) if (a or b) not in os.environ]
+    env = {"USER": getpass.getuser(), **os.environ}  # a site's per-user root (`/lustre/runs/$USER`) where no shell set it
+    unset = [a or b for a, b in _VARIABLE.findall(text) if (a or b) not in env]
     if unset:
         return None, unset[0]
-    path = Path(os.path.expandvars(text)).expanduser()
+    path = Path(_VARIABLE.sub(lambda m: env[m.group(1) or m.group(2)], text)).expanduser()
     return (path if path.is_absolute() else Path.cwd() / path), None
 
 

@@ -93,6 +93,13 @@ def site_templates_dir(plan: Plan, site_path: Path | None) -> Path | None:
     return path
 
 
+def owned_dirs(run_dir: Path, checkpoints: Path | None) -> list[str]:
+    """What the batch script checks is the user's alone before it reads anything (rundir/ownership.py): the runs
+    root, the run, and a checkpoint directory outside the run."""
+    outside = checkpoints is not None and run_dir not in checkpoints.parents and checkpoints != run_dir
+    return [str(run_dir.parent), str(run_dir), *([str(checkpoints)] if outside else [])]
+
+
 def controller_argv(python: str, standalone: bool, warm: bool = False) -> list[str]:
     """The batch script's controller command (none in standalone mode: rank 0 hosts the store); forked warm where it can be."""
     if standalone:
@@ -205,6 +212,7 @@ def render_run(
         "batch_log": f"{run_dir}/{rundir.BATCH_LOG.format(job='%j')}",
         "umask": f"{access.umask:04o}",
         "secrets_file": str(run_dir / secretenv.FILE),
+        "owned_dirs": owned_dirs(run_dir, checkpoints),
         "run_dir": str(run_dir),
         "wrapper": str(run_dir / rundir.WRAPPER),
         "port_range": port_range,

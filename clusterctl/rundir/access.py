@@ -69,11 +69,11 @@ class Access:
 
 
 def owner_only() -> frozenset[str]:
-    """The names of the files no sharing group reads: the secret_env values, the attempt's token, and the rank
-    environment a container's wrapper sources (both of them in it)."""
+    """The names of the files no sharing group reads: the secret_env values, the attempt's token, the rank
+    environment a container's wrapper sources (both of them in it) and the key that seals checkpoints."""
     from clusterctl.rundir import layout, secretenv
 
-    return frozenset((secretenv.FILE, layout.TOKEN_FILE, layout.RANK_ENV))
+    return frozenset((secretenv.FILE, layout.TOKEN_FILE, layout.RANK_ENV, layout.CHECKPOINT_KEY))
 
 
 def of_run(run_path: Path) -> Access | None:

@@ -13,6 +13,7 @@
       cancel.json              `clusterctl cancel` was asked: no attempt starts, nothing continues
       .rank.env                in a container: the attempt's variables the wrapper sets again inside the image
                                (the token and secret_env among them), the owner's only (0600) whatever runs_mode
+      checkpoint.key           the user's key that seals checkpoint generations (checkpoint/trust.py), the owner's only
       attempt-<N>/
         attempt.json           job id, attempt, master addr/port, nodes
         .token                 the attempt's secret, the owner's only (0600) whatever runs_mode
@@ -75,6 +76,7 @@ HOSTS = "hosts"  # attempt-N/hosts: the ranks' nodes, one per line in slot order
 CONTROLLER_JSON = "controller.json"  # attempt-N/: the controller's ports, pid, host and shared-fs marker
 WARM_LOG = "warm-{job}.log"  # the warm process servers' own lines, one file per job (their children write to the attempt's logs)
 RANK_ENV = ".rank.env"  # in a container: the attempt's rank environment, rewritten before each srun, the owner's only
+CHECKPOINT_KEY = "checkpoint.key"  # the user's generation-sealing key (checkpoint/trust.py); in the user's state directory too
 TOKEN_FILE = ".token"  # attempt-N/: the attempt's secret, the owner's only whatever runs_mode (attempt.json is the group's to read)
 NODE_LOG = "node-{slot}.log"  # attempt-N/logs/: one node's ranks, lines labelled by rank (srun's node-%n.log)
 AGGREGATOR_LOG = "aggregator-{slot}.log"  # attempt-N/logs/: one node's aggregator

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl import envnames, rundir
-from clusterctl.runtime import greeting
+from clusterctl.runtime import greeting, leftovers
 from clusterctl.runtime.gpusample import GpuSampler
 from clusterctl.runtime.heartbeat import socket_path
 from clusterctl.runtime.procfs import process_state
@@ -83,6 +83,7 @@ class Aggregator:
             os.unlink(self.sock_path)
         except FileNotFoundError:
             pass
+        leftovers.sweep(os.path.dirname(self.sock_path) or ".", keep=self.sock_path)  # killed jobs' sockets, pid files
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(self.sock_path)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
@@ -90,37 +91,46 @@ class Aggregator:
         return sock
 
     def connect(self) -> socket.socket:
+        """A connection the controller welcomed. One closed before the welcome (a stranger's flood crowded it out
+        at attempt start, the controller still starting) is tried again until the window ends: an aggregator that
+        took that close for "the controller is done" would leave its node unwatched, in silence."""
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         last: OSError | None = None
         while time.monotonic() < deadline and not self.stop:
+            conn = None
             try:
                 conn = socket.create_connection(self.controller, timeout=5)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                nonce = self.challenge(conn)
-                conn.sendall(greeting.hello(self.token, nonce, self.node, os.getpid()))
+                challenge, rest = self.line(conn, b"")
+                if challenge.get("kind") != greeting.CHALLENGE or not isinstance(challenge.get("nonce"), str):
+                    raise OSError("the controller's first line is not a challenge")
+                conn.sendall(greeting.hello(self.token, challenge["nonce"], self.node, os.getpid()))
+                welcome, self.inbox = self.line(conn, rest)
+                if welcome.get("kind") != greeting.WELCOME:
+                    raise OSError("the controller did not welcome the hello")
                 conn.setblocking(False)
                 return conn
             except OSError as exc:
                 last = exc
+                if conn is not None:
+                    conn.close()
                 time.sleep(0.2)
         raise OSError(f"cannot reach the controller at {self.controller[0]}:{self.controller[1]}: {last}")
 
     @staticmethod
-    def challenge(conn: socket.socket) -> str:
-        """The controller's first line: the nonce this connection's hello must answer."""
-        data = b""
+    def line(conn: socket.socket, data: bytes) -> tuple[dict[str, Any], bytes]:
+        """The controller's next line as a JSON object (after `data`, already read), and what came after it."""
         while b"\n" not in data:
             chunk = conn.recv(4096)
             if not chunk or len(data) > 4096:
-                raise OSError("the controller closed the connection before its challenge")
+                raise OSError("the controller closed the connection before its greeting ended")
             data += chunk
+        first, rest = data.split(b"\n", 1)
         try:
-            msg = json.loads(data.split(b"\n", 1)[0])
+            msg = json.loads(first)
         except ValueError:
             msg = None
-        if not isinstance(msg, dict) or msg.get("kind") != greeting.CHALLENGE or not isinstance(msg.get("nonce"), str):
-            raise OSError("the controller's first line is not a challenge")
-        return msg["nonce"]
+        return (msg if isinstance(msg, dict) else {}), rest
 
     # --- the loop -----------------------------------------------------------------------
     def run(self) -> int:

@@ -6,7 +6,8 @@ its port read every key, so a token stored there would be anyone's, and a
 registration written by a process without the token is judged a stale or
 forged one.
 
-The watch connection's greeting: a challenge from the controller, a hello bound to the attempt's secret.
+The watch connection's greeting: a challenge from the controller, a hello bound to the attempt's secret,
+and the controller's welcome once it heard the hello.
 
 The attempt token never crosses the wire. The controller's first line on a
 new connection is a fresh nonce; the aggregator answers with
@@ -28,6 +29,8 @@ from typing import Any
 
 CHALLENGE = "challenge"
 HELLO = "hello"
+WELCOME = "welcome"  # the controller heard the hello: until then an aggregator is not in (a flood may crowd it out)
+WELCOME_LINE = (json.dumps({"kind": WELCOME}) + "\n").encode()
 
 
 def challenge() -> tuple[str, bytes]:

@@ -322,6 +322,8 @@ class WatchServer:
                         self._refuse(conn, f"a second hello for node {shown(node)} from {info['peer']}", "twin")
                         return
                     info["greeted"], info["node"] = True, node
+                    info["out"] += greeting.WELCOME_LINE  # the aggregator retries until it reads this
+                    self._flush(conn, info)
                     continue
                 try:
                     self._handle(info, msg, now)

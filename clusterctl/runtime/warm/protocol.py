@@ -25,6 +25,8 @@ import socket
 import struct
 from typing import Any
 
+from clusterctl.runtime import leftovers
+
 HEADER = struct.Struct(">I")
 SO_PEERCRED = getattr(socket, "SO_PEERCRED", 17)
 CRED = struct.Struct("3i")  # pid, uid, gid
@@ -48,7 +50,7 @@ def socket_name(prefix: str, node: str) -> str:
 
 def pid_file(prefix: str, node: str) -> str:
     """Where `node`'s server writes its pid once it listens: a client refused can tell "not yet" from "ended"."""
-    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"{prefix}.{node}.pid")
+    return os.path.join(leftovers.tmpdir(), f"{prefix}.{node}.pid")
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
