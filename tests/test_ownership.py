@@ -56,3 +56,11 @@ def test_a_link_is_judged_by_where_it_leads(tmp_path: Path) -> None:
     link = tmp_path / "runs"
     link.symlink_to(loose)
     assert untrusted(link) is not None and str(loose) in untrusted(link)
+
+
+def test_a_file_where_the_directory_should_be_is_refused_at_once(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    blocker.chmod(0o600)
+    assert "is not a directory" in (untrusted(blocker) or "")
+    assert "Not a directory" in (untrusted(blocker / "ckpt") or "")  # nothing could be made under it

@@ -12,6 +12,7 @@ with every one of them, test_registry each rule.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -115,12 +116,19 @@ def test_startup_failure_names_rank_and_host(backend: str, tmp_path: Path, fault
 def test_preflight_failure_names_the_nodes(backend: str, tmp_path: Path) -> None:
     if backend == "local":
         pytest.skip("the ranks' checks and the controller's judgment are the same on every backend: run on the test cluster")
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    info, verdict, log, events, run = run_job(backend, tmp_path, None, checkpoint={"dir": str(blocker / "ckpt")})
+    # The user's own directory passes submit's ownership rule; made immutable, no node can write in it (root
+    # included), which only the ranks' `dirs` check finds out.
+    frozen = tmp_path / "frozen"
+    frozen.mkdir(mode=0o700)
+    if subprocess.run(["chattr", "+i", str(frozen)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i needs CAP_LINUX_IMMUTABLE and a file system that keeps the flag")
+    try:
+        info, verdict, log, events, run = run_job(backend, tmp_path, None, checkpoint={"dir": str(frozen)})
+    finally:
+        subprocess.run(["chattr", "-i", str(frozen)], check=True)
     assert events[-1]["exit"] == ExitCode.PREFLIGHT_FAILED, log
     assert verdict["evidence"]["nodes"] == sorted(hosts(run))
-    assert "dirs" in verdict["message"] and "Not a directory" in verdict["message"]
+    assert "dirs" in verdict["message"] and "Operation not permitted" in verdict["message"]
 
 
 def test_compute_check_names_the_slow_rank(backend: str, tmp_path: Path) -> None:

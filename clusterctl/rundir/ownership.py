@@ -51,6 +51,10 @@ def _own_problem(path: Path, info: os.stat_result, uid: int) -> str | None:
     return None
 
 
+def _not_a_directory(path: Path, info: os.stat_result) -> str | None:
+    return None if stat.S_ISDIR(info.st_mode) else f"{_shown(path, info)} is not a directory"
+
+
 def _ancestor_problem(path: Path, info: os.stat_result, uid: int, below: Path) -> str | None:
     if info.st_uid not in (uid, 0):
         return (f"{_shown(path, info)} belongs to another user, who could rename {below} away and put their own in its"
@@ -66,7 +70,8 @@ def untrusted(path: Path, uid: int | None = None) -> str | None:
     uid = os.geteuid() if uid is None else uid
     target = Path(os.path.realpath(Path(path).expanduser()))  # a link of ours to a directory of ours is fine
     try:
-        problem = _own_problem(target, target.stat(), uid)
+        info = target.stat()
+        problem = _own_problem(target, info, uid) or _not_a_directory(target, info)
     except FileNotFoundError:
         problem = None  # judged by the directories it would be created in
     except OSError as exc:
