@@ -54,15 +54,21 @@ CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]
 SCRIPT = REPO / "examples" / "own-script" / "train_ddp.py"
 
 
-def wait_for(what: str, ready: Any, timeout: float = 180) -> Any:
+def wait_for(what: str, ready: Any, timeout: float = 180, explain: Any = None) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = ready()
         if value:
             return value
         time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
+    raise SystemExit(f"timed out waiting for {what}" + (f"\n{explain()}" if explain else ""))
 
+
+def shown(env: dict[str, str], run: Path) -> str:
+    """The run's state and its batch logs' last lines: where a stuck bench stuck."""
+    logs = sorted(run.glob("slurm-*.out"))
+    return f"state: {run_state(env, run)}" + "".join(
+        f"\n{log.name} ends:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]) for log in logs)
 
 
 STRANGER = "ccstranger"
@@ -104,6 +110,17 @@ def stranger(work: Path, *args: str, timeout: float = 120) -> dict[str, Any]:
 
 def clusterctl(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLUSTERCTL, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+
+def run_state(env: dict[str, str], run: Path) -> str | None:
+    """The run's state as `clusterctl status` derives it (state.json is only the submission's record)."""
+    out = clusterctl(env, "status", str(run), "--json", timeout=120)
+    try:
+        found = json.loads(out.stdout)
+    except ValueError:
+        return None
+    found = (found[0] if found else {}) if isinstance(found, list) else found
+    return found.get("state")
 
 
 def spec(work: Path, name: str, **fields: Any) -> Path:
@@ -204,7 +221,8 @@ def job(work: Path, env: dict[str, str], hostile: bool) -> dict[str, Any]:
     run = Path(json.loads(out.stdout)["run"])
     attempt = run / "attempt-1"
     metrics = attempt / "metrics.jsonl"
-    wait_for("training", lambda: metrics.is_file() and len(metrics.read_text().splitlines()) > 8)
+    wait_for("training", lambda: metrics.is_file() and len(metrics.read_text().splitlines()) > 8,
+             explain=lambda: shown(env, run))
     ready = json.loads((attempt / "controller.json").read_text())
     host = json.loads((attempt / "attempt.json").read_text())["master_addr"]
     batch_log = next(run.glob("slurm-*.out"))
@@ -241,7 +259,8 @@ def job(work: Path, env: dict[str, str], hostile: bool) -> dict[str, Any]:
         flooded = flood.communicate(timeout=60)[0].strip().splitlines()
         result["connections"] = json.loads(flooded[-1])["connections"] if flooded else 0
     clusterctl(env, "cancel", str(run))
-    wait_for("the cancel", lambda: json.loads((run / "state.json").read_text()).get("state") in ("cancelled", "failed", "completed"), 120)
+    wait_for("the cancel", lambda: run_state(env, run) in ("cancelled", "failed", "completed"), 120,
+             lambda: shown(env, run))
     report = json.loads(drill.stdout) if drill.stdout.strip().startswith("{") else {}
     after = verdicts(run)
     others = [v for v in after if v.get("code") not in (82, 89)]

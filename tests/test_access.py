@@ -182,8 +182,8 @@ def test_a_runs_root_or_checkpoint_directory_others_can_write_is_refused_at_subm
     assert list((shared / "runs").iterdir()) == []
 
 
-def test_the_batch_script_reads_nothing_of_a_run_that_others_can_write(tmp_path: Path) -> None:
-    """The check again when the job starts: a run directory that became writable by others since submit is not
+def test_requeue_and_the_batch_script_read_nothing_of_a_run_that_others_can_write(tmp_path: Path) -> None:
+    """The check again at requeue and when the job starts: a run directory that became writable by others since submit is not
     run (its secrets file and wrapper could be anyone's by now); 77 and a line that says why."""
     (tmp_path / "job.yaml").write_text(json.dumps({
         "name": "later", "site": "local", "time_limit": "10m", "nodes": 1, "gpus_per_node": 1,
@@ -191,6 +191,9 @@ def test_the_batch_script_reads_nothing_of_a_run_that_others_can_write(tmp_path:
     run = submit_job(load_job(tmp_path / "job.yaml"), "local", dry_run=True).run
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}  # every other job of the suite passes the check
     run.path.chmod(0o777)
+    requeued = cli("requeue", str(run.path))  # `requeue` submits it again: the same rule, before anything stops
+    assert requeued.exit_code == ExitCode.BAD_CONFIG and "run directory" in requeued.output, requeued.output
+    assert "drwxrwxrwx" in requeued.output and "chmod go-w" in requeued.output
     refused = subprocess.run(["bash", str(run.path / "job.sbatch")], capture_output=True, text=True, env=env, timeout=60)
     assert refused.returncode == ExitCode.NO_PERMISSION, refused.stderr
     assert f"refusing to run: {run.path} (owner uid {os.geteuid()}, mode 777)" in refused.stderr

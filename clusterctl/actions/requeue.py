@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from clusterctl.actions.runjobs import Report, active_jobs, backend_of, stop_jobs
+from clusterctl.actions.submit import refuse_untrusted_run
 from clusterctl.checkpoint.generations import latest_committed
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.plan.job import load_job
@@ -97,6 +98,7 @@ def requeue_run(
 ) -> Report:
     """Continue the run from its latest committed checkpoint in a new job, whatever its jobs are doing now."""
     backend = backend_of(run)
+    refuse_untrusted_run(run)  # before anything is stopped: a directory others can write is theirs to run
     for expr in exclude:
         try:
             hostlist.expand(expr)
