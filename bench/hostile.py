@@ -156,7 +156,10 @@ def swapped_run(work: Path, env: dict[str, str]) -> Attack:
     loose.mkdir()
     loose.chmod(0o777)
     at_submit = clusterctl(env, "submit", str(spec(work, "loose-root", runs_root=str(loose))))
-    made = clusterctl(env, "submit", str(spec(work, "swapped")), "--dry-run", "--json")
+    entered = work / "entered-runs"  # others may enter it, not write it: the rule passes it
+    entered.mkdir(mode=0o755)
+    entered.chmod(0o755)
+    made = clusterctl(env, "submit", str(spec(work, "swapped", runs_root=str(entered))), "--dry-run", "--json")
     run = Path(json.loads(made.stdout)["run"])
     run.chmod(0o777)  # after submit, the run became writable by others (a chmod, a restored backup)
     marker = work / "ran-swapped"
@@ -167,7 +170,9 @@ def swapped_run(work: Path, env: dict[str, str]) -> Attack:
     refused = (at_submit.returncode == 65 and requeue.returncode == 65 and batch.returncode == 77
                and swapped.get("swapped") is True and not marker.exists() and not list(loose.iterdir()))
     return Attack("2 runs root and run directory", refused,
-                  f"submit {at_submit.returncode}, requeue {requeue.returncode}, batch script {batch.returncode}")
+                  f"submit {at_submit.returncode}, requeue {requeue.returncode}, batch script {batch.returncode},"
+                  f" swapped {swapped}, stranger's code ran {marker.exists()}, loose root holds"
+                  f" {sorted(p.name for p in loose.iterdir())}")
 
 
 def planted_link(work: Path, env: dict[str, str]) -> Attack:
