@@ -56,7 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clusterctl.runtime import registration  # noqa: E402
+from clusterctl.runtime.wire import registration  # noqa: E402
 
 GPN = 8
 WORKERS = 4  # processes of emulated ranks
@@ -127,7 +127,7 @@ def make_run(root: Path, world: int) -> tuple[Path, list[str]]:
 # open-file limit is below the world size (and cannot be raised), the controller is told so, and
 # everything else it does is the real controller's.
 PRELOADED_CONTROLLER = (
-    "import sys; from clusterctl.runtime import controller, filelimit; "
+    "import sys; from clusterctl.runtime.controller import filelimit, main as controller; "
     "filelimit.needed_files = lambda world, nodes: 2 + filelimit.RESERVE; "
     "sys.exit(controller.main(sys.argv[1:]))"
 )
@@ -140,7 +140,7 @@ class Controller:
         self.fh = open(self.out, "w")
         world = int(json.loads((attempt.parent / "run.json").read_text())["world_size"])
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        from clusterctl.runtime.filelimit import needed_files
+        from clusterctl.runtime.controller.filelimit import needed_files
 
         entry = ["-c", PRELOADED_CONTROLLER] if preloaded and needed_files(world, world // GPN) > hard else ["-m", "clusterctl.runtime.controller"]
         self.proc = subprocess.Popen(
@@ -215,8 +215,8 @@ def preload(store: Any, world: int, hosts: list[str], run_dir: str) -> float:
 
 def worker(port: int, world: int, first: int, last: int, run_dir: str) -> None:
     """Emulated ranks first..last-1, a thread each; prints their last arrival and verdict times."""
-    from clusterctl.runtime import rendezvous
-    from clusterctl.runtime.rankinfo import RankInfo
+    from clusterctl.runtime.rank import rendezvous
+    from clusterctl.runtime.rank.rankinfo import RankInfo
 
     raise_nofile()
     threading.stack_size(256 * 1024)
@@ -325,7 +325,7 @@ def main() -> None:
     live = args.live if args.live is not None else ([] if args.quick else [1024, 16384])
     preloaded = args.preloaded if args.preloaded is not None else ([1024, 16384] if args.quick else [1024, 16384, 32768, 65536, 100000])
     stress = args.stress if args.stress is not None else ([] if args.quick else [150000])
-    from clusterctl.runtime.filelimit import needed_files
+    from clusterctl.runtime.controller.filelimit import needed_files
 
     largest = max(live + preloaded + stress, default=0)
     limit = raise_nofile(needed_files(largest, largest // GPN) + 64)

@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusterctl.runtime.watchdog import straggler_warmup
+from clusterctl.runtime.controller.watchdog import straggler_warmup
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERCTL = [str(Path(sys.executable).with_name("clusterctl"))]

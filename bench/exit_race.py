@@ -12,7 +12,7 @@ that takes the GIL; asked for during the interpreter's shutdown, the thread
 is ended mid-C++ and the process aborts ("terminate called without an
 active exception"). `settled` ranks end with the launcher's
 `procexit.end_process(0)` after the loop, as every rank does
-(runtime/procexit.py: no interpreter shutdown). Last line: `{"processes",
+(runtime/rank/procexit.py: no interpreter shutdown). Last line: `{"processes",
 "plain_aborts", "settled_aborts"}` (processes per mode).
 """
 
@@ -45,7 +45,7 @@ for _ in range(8):
     optimizer.step()
 dist.destroy_process_group()
 if mode == "settled":
-    from clusterctl.runtime.procexit import end_process
+    from clusterctl.runtime.rank.procexit import end_process
     end_process(0)
 """
 

@@ -10,7 +10,7 @@ log opened and never closed, held by the script's globals):
 * `plain`: the process then ends as any Python program does (the
   interpreter's shutdown walks every object again);
 * `launcher`: it ends with `procexit.end_process(0)`, as every rank does
-  after its script (runtime/procexit.py: files flushed, no interpreter
+  after its script (runtime/rank/procexit.py: files flushed, no interpreter
   shutdown).
 
 The time is from the script's return to the process's end, as the parent
@@ -36,8 +36,8 @@ CHILD = """
 import sys, time
 import torch, torch.distributed, torch.distributed.checkpoint, torch.nn.parallel
 import clusterctl.trainer
-from clusterctl.runtime.launch import run_command
-from clusterctl.runtime.procexit import end_process
+from clusterctl.runtime.rank.launch import run_command
+from clusterctl.runtime.rank.procexit import end_process
 mode = sys.argv[1]  # run_command gives sys.argv to the script
 run_command(["python3", "script.py"])
 sys.stdout.write(repr(time.time()) + "\\n")  # the script returned: the clock starts

@@ -7,7 +7,7 @@ train_ddp.py, steps from torch's hooks), the reference trainer and the
 Lightning example (its own loop and adapter, ~16 ms steps), at a few step sizes, first on an idle machine, then beside CPU burners
 (`python3 -c 'while True: pass'`, --burners of them). Each attempt's
 timeline is then replayed through the straggler rule's own statistics
-(runtime/straggler.py) at every window: what each healthy rank lost a step
+(runtime/controller/straggler.py) at every window: what each healthy rank lost a step
 against its peers' per-step median, its ratio, and how many windows would
 make a suspect with the defaults and with the floors at zero (what the
 floors are there to stop). Nothing here is slowed on purpose: every rank is
@@ -82,8 +82,8 @@ def compute_series(attempt: Path) -> list[list[tuple[int, float]]]:
 
 def replay(series: list[list[tuple[int, float]]], window: int, limits: Any) -> dict[str, Any]:
     """The rule's statistics at every window of the attempt (the watchdog sees one each step)."""
-    from clusterctl.runtime import straggler
-    from clusterctl.runtime.watchdog import PERSIST_STEPS, straggler_warmup
+    from clusterctl.runtime.controller import straggler
+    from clusterctl.runtime.controller.watchdog import PERSIST_STEPS, straggler_warmup
 
     floors_off = straggler.Limits(limits.factor, 0.0, 0.0)
     usable = [s[straggler_warmup(window):] for s in series]
@@ -146,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(REPO))
     from clusterctl.config.spec import Watchdog
-    from clusterctl.runtime.straggler import Limits
+    from clusterctl.runtime.controller.straggler import Limits
 
     defaults = Watchdog()
     limits = Limits(args.factor or defaults.straggler_factor, defaults.straggler_min_compute_s,

@@ -15,7 +15,7 @@ TOKEN = "CLUSTERCTL_TOKEN"
 INJECT_TOKEN = "CLUSTERCTL_INJECT_TOKEN"  # the token a drill's injector checks a pid against (never on its command line)
 NODES = "CLUSTERCTL_NODES"  # nodes running ranks (allocation minus spares/excluded)
 HOSTFILE = "CLUSTERCTL_HOSTFILE"
-OVERSUBSCRIBED = "CLUSTERCTL_OVERSUBSCRIBED"  # 1 where emulated GPUs share real CPUs (runtime/computeclock.py)
+OVERSUBSCRIBED = "CLUSTERCTL_OVERSUBSCRIBED"  # 1 where emulated GPUs share real CPUs (runtime/rank/computeclock.py)
 
 # Set by the wrapper for each rank.
 NODE_SLOT = "CLUSTERCTL_NODE_SLOT"
@@ -49,7 +49,7 @@ def coord_var(axis: str) -> str:
 # devices are (default /dev/nvidia-caps-imex-channels; a site or a test that keeps them elsewhere sets it).
 IMEX_CHANNELS = "CLUSTERCTL_IMEX_CHANNELS"
 
-# Warm processes (runtime/warm/): set by the batch script when each node runs a process server. WARM names the
+# Warm processes (runtime/node/warm/): set by the batch script when each node runs a process server. WARM names the
 # servers (abstract Unix sockets, one per node: WARM + "." + node), WARM_SINCE is when they were (re)started.
 # START is set in each rank: "warm ..." when it was forked from its node's server, "cold: <why>" when not.
 WARM = "CLUSTERCTL_WARM"

@@ -33,7 +33,7 @@ class ExitCode(IntEnum):
     DO_NOT_REQUEUE = 93
 
 
-# Meaning, and what each code does to the run (runtime/recovery.py), as documented in the
+# Meaning, and what each code does to the run (runtime/recovery/policy.py), as documented in the
 # documentation's exit-codes page (generated from this table: clusterctl/docsgen/codes.py).
 DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
     ExitCode.OK: ("success", "-"),

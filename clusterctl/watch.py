@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterctl.runtime import stepwatch
+from clusterctl.runtime.rank import stepwatch
 
 
 def record(**values: Any) -> None:

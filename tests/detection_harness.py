@@ -1,14 +1,14 @@
 """A small job for the detection tests: real aggregators, real stand-in ranks, real srun (the local shim).
 
 Everything on the heartbeat path is the product's own code — the node
-aggregators (`python -m clusterctl.runtime.aggregator`, one srun step with
+aggregators (`python -m clusterctl.runtime.node.aggregator`, one srun step with
 --overlap, as the batch script starts them), the ranks' heartbeat client,
 the controller's WatchServer with its watchdog, its verdict response (stack
 dumps, stopping the ranks) and its end-of-attempt judgement. What stands in:
 the ranks are tests/programs/standin_rank.py (no torch: ~2 s of CPU saved per
 rank), their collective is a barrier served here, and the controller's store
 is not needed (no rendezvous). Faults come from outside through
-`python -m clusterctl.runtime.inject`, as `clusterctl drill` injects them.
+`python -m clusterctl.qualify.faultsignal`, as `clusterctl drill` injects them.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from clusterctl import envnames, rundir
 from clusterctl.backends.local import BIN_DIR
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
 from clusterctl.rundir.verdict import Verdict
-from clusterctl.runtime.response import Response
-from clusterctl.runtime.verdicts import VerdictKeeper
-from clusterctl.runtime.watchdog import Watchdog
-from clusterctl.runtime.watchserver import WatchServer
+from clusterctl.runtime.controller.response import Response
+from clusterctl.runtime.controller.verdicts import VerdictKeeper
+from clusterctl.runtime.controller.watchdog import Watchdog
+from clusterctl.runtime.controller.watchserver import WatchServer
 from clusterctl.trainer.busy import calibrate
 
 STANDIN = Path(__file__).resolve().parent / "programs" / "standin_rank.py"
@@ -156,7 +156,7 @@ class MiniJob:
         aggregators = [
             "srun", "--overlap", "--kill-on-bad-exit=0", f"--nodes={len(self.hosts)}", f"--ntasks={len(self.hosts)}",
             "--ntasks-per-node=1", f"--output={logs}/aggregator-%n.log", f"--error={logs}/aggregator-%n.log",
-            sys.executable, "-m", "clusterctl.runtime.aggregator",
+            sys.executable, "-m", "clusterctl.runtime.node.aggregator",
         ]
         self.procs.append(subprocess.Popen(aggregators, env=env, cwd=self.tmp))
         ranks = [
@@ -184,9 +184,9 @@ class MiniJob:
         return pid
 
     def inject(self, *args: str) -> dict[str, Any]:
-        """`python -m clusterctl.runtime.inject ARGS` from outside; its JSON report."""
+        """`python -m clusterctl.qualify.faultsignal ARGS` from outside; its JSON report."""
         out = subprocess.run(
-            [sys.executable, "-m", "clusterctl.runtime.inject", *args], capture_output=True, text=True, timeout=60,
+            [sys.executable, "-m", "clusterctl.qualify.faultsignal", *args], capture_output=True, text=True, timeout=60,
             env=dict(os.environ, PYTHONPATH=str(REPO)),
         )
         assert out.returncode == 0, out.stderr
@@ -194,7 +194,7 @@ class MiniJob:
 
     def slow(self, rank: int, factor: float, seconds: float) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "clusterctl.runtime.inject", "--pid", str(self.pid(rank)), "--token", self.token,
+            [sys.executable, "-m", "clusterctl.qualify.faultsignal", "--pid", str(self.pid(rank)), "--token", self.token,
              "--slow", str(factor), "--for", str(seconds)],
             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
         )

@@ -1,4 +1,4 @@
-"""Whose fault a failed attempt is (runtime/blame.py, runtime/errorpatterns.py): pure, made-up facts.
+"""Whose fault a failed attempt is (runtime/controller/blame.py, runtime/controller/errorpatterns.py): pure, made-up facts.
 
 The script's faults blame no node and stop the run (88); node evidence names the node whatever the others
 raised; one rank's exception is ambiguous; the same file-system error everywhere is shared infrastructure.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime import errorpatterns
-from clusterctl.runtime.blame import Facts, blame_end, parse_srun_lines
+from clusterctl.runtime.controller import errorpatterns
+from clusterctl.runtime.controller.blame import Facts, blame_end, parse_srun_lines
 
 HOSTS = ["n1", "n2"]
 TB = "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n{}"

@@ -21,10 +21,11 @@ torch_distributed = pytest.importorskip("torch.distributed")
 
 from clusterctl.exitcodes import ExitCode  # noqa: E402
 from clusterctl.rundir import rankmanifest  # noqa: E402
-from clusterctl.runtime import registration, rendezvous  # noqa: E402
-from clusterctl.runtime.greeting import registration_proof  # noqa: E402
-from clusterctl.runtime.preflight import marker_id  # noqa: E402
-from clusterctl.runtime.rankinfo import RankInfo  # noqa: E402
+from clusterctl.runtime.rank import rendezvous  # noqa: E402
+from clusterctl.runtime.rank.rankinfo import RankInfo  # noqa: E402
+from clusterctl.runtime.wire import registration
+from clusterctl.runtime.wire.greeting import registration_proof  # noqa: E402
+from clusterctl.runtime.wire.sharedmarker import marker_id  # noqa: E402
 
 TOKEN = "attempt-token"
 HOSTS = ["n1", "n2"]
@@ -161,7 +162,7 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
 
 
 def test_a_sealed_value_opens_only_under_its_own_key_with_the_attempts_token() -> None:
-    from clusterctl.runtime import storeseal
+    from clusterctl.runtime.wire import storeseal
 
     sealed = storeseal.seal(TOKEN, "clusterctl/error/1", "Traceback: boom")
     assert storeseal.unseal(TOKEN, "clusterctl/error/1", sealed) == b"Traceback: boom"
@@ -191,7 +192,7 @@ def test_values_a_stranger_writes_into_the_store_change_nothing(tmp_path: Path, 
     """torch's store takes anyone's writes. A forged verdict set before the controller's, a forged post-check
     outcome naming nodes, a forged error report for rank 2 and a forged stop: the ranks wait for the controller's
     sealed verdict, the attempt ends as its ranks did (0, nobody blamed), and rank 0 is asked to stop by no one."""
-    from clusterctl.runtime import stoprequest
+    from clusterctl.runtime.rank import stoprequest
 
     ctl = Controller(make_run(tmp_path))
     stranger = rendezvous.connect(ctl.info(0), 20)
@@ -297,7 +298,7 @@ def test_a_taken_port_moves_the_store_to_the_next_free_one() -> None:
     """Two jobs on one node, or a requeued attempt whose hash lands on a busy port, must not collide."""
     import socket
 
-    from clusterctl.runtime.storeport import reserve_port
+    from clusterctl.runtime.controller.storeport import reserve_port
 
     busy = socket.socket()
     busy.bind(("", 0))
@@ -402,7 +403,7 @@ def test_the_store_port_listens_before_the_store_starts() -> None:
     address only, when the host has it."""
     import socket
 
-    from clusterctl.runtime.storeport import reserve_port
+    from clusterctl.runtime.controller.storeport import reserve_port
 
     with socket.socket() as probe:
         probe.bind(("", 0))

@@ -19,7 +19,7 @@ from detection_harness import MiniJob
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
-from clusterctl.runtime.watchdog import HANG_FLOOR_S
+from clusterctl.runtime.controller.watchdog import HANG_FLOOR_S
 
 FAST = Settings(hang_timeout=30, save_timeout=8, straggler_factor=1.25, window=10)
 

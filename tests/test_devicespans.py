@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from clusterctl.runtime.devicespans import DeviceSpans
-from clusterctl.runtime.heartbeat import Heartbeat
-from clusterctl.runtime.stepwatch import StepWatch
+from clusterctl.runtime.rank.devicespans import DeviceSpans
+from clusterctl.runtime.rank.heartbeat import Heartbeat
+from clusterctl.runtime.rank.stepwatch import StepWatch
 
 
 class Stream:

@@ -26,9 +26,9 @@ from clusterctl import envnames, rundir
 from clusterctl.cli import app
 from clusterctl.exitcodes import ExitCode
 from clusterctl.qualify import faultdrill
+from clusterctl.qualify.faultsignal import process_state
 from clusterctl.qualify.injector import Injector, InjectorFailed
 from clusterctl.rundir import RunDir, write_json_atomic
-from clusterctl.runtime.inject import process_state
 from tests.helpers import RUNNER
 from tests.slurmlab.plugin import SlurmLab
 

@@ -1,4 +1,4 @@
-"""clusterctl.runtime.inject against real processes and real signals."""
+"""clusterctl.qualify.faultsignal against real processes and real signals."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Iterator
 import pytest
 
 from clusterctl import envnames
-from clusterctl.runtime.inject import process_state
+from clusterctl.qualify.faultsignal import process_state
 
-INJECT = [sys.executable, "-m", "clusterctl.runtime.inject"]
+INJECT = [sys.executable, "-m", "clusterctl.qualify.faultsignal"]
 
 # A busy loop that publishes its count in a shared file every 2,000 iterations.
 COUNTER = """

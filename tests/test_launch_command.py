@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def launched(*command: str, cwd: Path) -> str:
-    code = f"from clusterctl.runtime.launch import run_command; run_command({list(command)!r})"
+    code = f"from clusterctl.runtime.rank.launch import run_command; run_command({list(command)!r})"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=cwd,
                           env={"PATH": "/nonexistent"})  # no python3 to exec: only the in-process way works
     assert done.returncode == 0, done.stderr
@@ -33,7 +33,7 @@ def test_a_file_the_script_never_closed_keeps_every_line(tmp_path: Path) -> None
     """Run as the launcher runs a rank's script and left as it leaves: nothing the script wrote is lost. Under runpy
     alone the script's globals end in a reference cycle and the buffered tail of its file was: 0 of 10 lines."""
     (tmp_path / "script.py").write_text('log = open("out.txt", "w")\nlog.write("line\\n" * 10)\n\n\ndef helper():\n    pass\n')
-    code = ("from clusterctl.runtime.launch import run_command; from clusterctl.runtime.procexit import end_process;"
+    code = ("from clusterctl.runtime.rank.launch import run_command; from clusterctl.runtime.rank.procexit import end_process;"
             " run_command(['python3', 'script.py']); end_process(0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={"PATH": "/nonexistent"})

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"trainer", "views"},
     {"actions"},
     {"remote", "qualify", "siteimport", "testing", "integrations"},
-    {"cli", "launch", "watch"},  # launch: the entry point's thin alias of runtime/launch.py; watch: record()
+    {"cli", "launch", "watch"},  # launch: the entry point's thin alias of runtime/rank/launch.py; watch: record()
     {"docsgen"},  # the documentation's reference: reads everything, the command line included
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -174,3 +174,34 @@ def test_the_folders_import_graph_is_acyclic() -> None:
                 edges[part(module)].add(part(target))
     both = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a < b and a in edges.get(b, set()))
     assert not both, both
+
+
+# The runtime's rooms, one per process, meet through the wire; these are the only other crossings, each for a reason.
+ROOMS = ("rank", "controller", "node", "recovery", "wire")
+ROOM_CROSSINGS = {
+    ("controller", "runtime.recovery.nextattempt"): "a job stopped from outside: how Slurm ends it, the batch host's to read",
+    ("recovery", "runtime.controller.verdicts"): "a cancel's verdict where the controller was killed first: the one keeper",
+    ("rank", "runtime.controller.straggler"): "the compute check judges by the one straggler rule (pure)",
+    ("node", "runtime.rank.heartbeat"): "the address of the heartbeat socket the ranks send to",
+    ("node", "runtime.rank.preflight"): "GPU samples decode throttle reasons as the gpu check does",
+    ("node", "runtime.rank.launch"): "a warm server's forked child becomes the rank",
+    ("node", "runtime.rank.procexit"): "and ends as a cold rank would",
+}
+
+
+def test_the_runtimes_rooms_meet_only_through_the_wire() -> None:
+    known = modules()
+    crossings = []
+    for module, path in known.items():
+        parts = module.split(".")
+        if len(parts) < 4 or parts[1] != "runtime" or parts[2] not in ROOMS:
+            continue  # the package, or an alias of an old entry point
+        room = parts[2]
+        for target in imports(path, known):
+            tparts = target.split(".")
+            if len(tparts) < 3 or tparts[1] != "runtime" or tparts[2] in (room, "wire"):
+                continue
+            if not any(room == r and target.startswith(f"clusterctl.{t}") for r, t in ROOM_CROSSINGS):
+                crossings.append(f"{module} -> {target}")
+    assert not crossings, "\n".join(sorted(crossings))
+    assert {p.name for p in (PACKAGE / "runtime").iterdir() if p.is_dir() and p.name != "__pycache__"} == {*ROOMS, "warm"}

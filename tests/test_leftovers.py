@@ -1,4 +1,4 @@
-"""What killed jobs leave in a node's /tmp is removed by the next job's processes there (runtime/leftovers.py):
+"""What killed jobs leave in a node's /tmp is removed by the next job's processes there (runtime/node/leftovers.py):
 dead servers' pid files and sockets nobody listens on go; live ones, and anything not this user's own, stay."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from clusterctl.runtime import leftovers
+from clusterctl.runtime.node import leftovers
 
 
 def dead_pid() -> int:

@@ -24,13 +24,15 @@ from typing import Any
 
 import pytest
 
-from clusterctl.runtime.greeting import registration_proof
-from clusterctl.runtime.preflight import CheckResult, PreflightContext, failed, run_checks, write_shared_marker
-from clusterctl.runtime.preflight import common as preflight_common
-from clusterctl.runtime.preflight import memory as preflight_memory
-from clusterctl.runtime.preflight import nic as preflight_nic
-from clusterctl.runtime.preflight import sharedfs as preflight_sharedfs
-from clusterctl.runtime.preflight.gpu import fabric_id
+from clusterctl.runtime.rank.preflight import CheckResult, PreflightContext, failed, run_checks
+from clusterctl.runtime.rank.preflight import common as preflight_common
+from clusterctl.runtime.rank.preflight import memory as preflight_memory
+from clusterctl.runtime.rank.preflight import nic as preflight_nic
+from clusterctl.runtime.rank.preflight import sharedfs as preflight_sharedfs
+from clusterctl.runtime.rank.preflight.gpu import fabric_id
+from clusterctl.runtime.wire import sharedmarker
+from clusterctl.runtime.wire.greeting import registration_proof
+from clusterctl.runtime.wire.sharedmarker import write_shared_marker
 from clusterctl.syntax.cpulist import format_cpulist
 
 HOST = "node07"
@@ -686,9 +688,9 @@ def test_dirs_skipped_when_none() -> None:
 
 def test_write_shared_marker_is_atomic_and_named_by_the_attempt_not_its_token(tmp_path: Path) -> None:
     path = write_shared_marker(str(tmp_path / "ckpt"), "a1b2c3")
-    named = ".clusterctl-shared-" + preflight_sharedfs.marker_id("a1b2c3")
+    named = ".clusterctl-shared-" + sharedmarker.marker_id("a1b2c3")
     assert path == str(tmp_path / "ckpt" / named)
-    assert open(path).read() == preflight_sharedfs.marker_id("a1b2c3")  # the token is neither its name nor its content
+    assert open(path).read() == sharedmarker.marker_id("a1b2c3")  # the token is neither its name nor its content
     assert os.listdir(tmp_path / "ckpt") == [named]  # no temporary left behind
     with pytest.raises(ValueError):
         write_shared_marker(str(tmp_path), "")
@@ -712,12 +714,12 @@ def test_shared_marker_missing_fails(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_shared_marker_wrong_token_fails(tmp_path: Path) -> None:
     path = tmp_path / "marker"
-    path.write_text(preflight_sharedfs.marker_id("tok-6"))
+    path.write_text(sharedmarker.marker_id("tok-6"))
     r = only("shared_fs", make_ctx(shared_marker=str(path), shared_token="tok-7"))
     assert not r.ok
     assert r.detail == (
         f"checkpoint directory is not shared with the first node: marker {path} on {HOST} holds another attempt's id"
-        f" ('{preflight_sharedfs.marker_id('tok-6')}', expected '{preflight_sharedfs.marker_id('tok-7')}')"
+        f" ('{sharedmarker.marker_id('tok-6')}', expected '{sharedmarker.marker_id('tok-7')}')"
     )
     assert "tok-7" not in r.detail
     assert r.data["token_matches"] is False
@@ -725,7 +727,7 @@ def test_shared_marker_wrong_token_fails(tmp_path: Path) -> None:
 
 def test_shared_marker_appearing_late_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preflight_sharedfs, "SHARED_MARKER_WAIT_S", 5.0)
-    target = preflight_sharedfs.marker_path(str(tmp_path), "late")
+    target = sharedmarker.marker_path(str(tmp_path), "late")
     timer = threading.Timer(0.15, write_shared_marker, args=(str(tmp_path), "late"))
     timer.start()
     try:
@@ -787,7 +789,7 @@ def test_unknown_check_is_rejected_before_any_runs(tmp_path: Path, monkeypatch: 
 
 def test_import_needs_only_the_standard_library() -> None:
     code = (
-        "import sys; import clusterctl.runtime.preflight; "
+        "import sys; import clusterctl.runtime.rank.preflight; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
         "and not m.startswith(('clusterctl', '_distutils_hack', '__editable__')) and m != '__main__'))"
     )
@@ -806,7 +808,7 @@ def test_lab_site_nics_pass_and_a_missing_nic_fails_with_81() -> None:
     from clusterctl.config.site import load_site
     from clusterctl.exitcodes import ExitCode
     from clusterctl.plan.binding import binding_table
-    from clusterctl.runtime.admission import judge
+    from clusterctl.runtime.controller.admission import judge
 
     site, _ = load_site("slurm-lab")
     (node_type,) = site.node_types.values()

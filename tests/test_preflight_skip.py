@@ -15,8 +15,8 @@ from clusterctl.errors import ConfigError
 from clusterctl.plan.job import load_job
 from clusterctl.render.scripts import render_run
 from clusterctl.rundir.runjson import RunJson
-from clusterctl.runtime import launch
-from clusterctl.runtime import preflight as preflight_mod
+from clusterctl.runtime.rank import launch
+from clusterctl.runtime.rank import preflight as preflight_mod
 
 LOCAL = ["nodes=2", "gpus_per_node=2", "parallel.tp=2"]
 

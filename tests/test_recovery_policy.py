@@ -1,4 +1,4 @@
-"""The restart policy (runtime/recovery.py) on made-up endings: what a user would see happen next."""
+"""The restart policy (runtime/recovery/policy.py) on made-up endings: what a user would see happen next."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import history
 from clusterctl.rundir.history import Fault
-from clusterctl.runtime.recovery import Ended, Policy, Situation, decide, pick_hosts
+from clusterctl.runtime.recovery.policy import Ended, Policy, Situation, decide, pick_hosts
 
 ALLOC = ("n1", "n2", "n3")  # two nodes needed, one spare
 
@@ -142,10 +142,10 @@ def test_pick_hosts_keeps_untouched_slots() -> None:
     assert pick_hosts(("a", "b"), ("a", "b"), {"a"}, 2) is None
 
 
-# --- the recovery step's edges (runtime/nextattempt.py), on a run directory -------------
+# --- the recovery step's edges (runtime/recovery/nextattempt.py), on a run directory -------------
 def test_begin_records_the_end_of_an_attempt_whose_batch_host_died(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
     from clusterctl.rundir import RunDir
-    from clusterctl.runtime import nextattempt
+    from clusterctl.runtime.recovery import nextattempt
 
     run = RunDir(tmp_path)
     (tmp_path / "run.json").write_text('{"exclude": ["n4"], "restart": {"budget": 3}}')
@@ -164,7 +164,7 @@ def test_begin_records_the_end_of_an_attempt_whose_batch_host_died(tmp_path, cap
 
 def test_begin_of_a_cancelled_run_starts_nothing(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
     from clusterctl.rundir import RunDir
-    from clusterctl.runtime import nextattempt
+    from clusterctl.runtime.recovery import nextattempt
 
     (tmp_path / "run.json").write_text("{}")
     (tmp_path / "cancel.json").write_text('{"by": "clusterctl cancel"}')
@@ -179,7 +179,7 @@ def test_begin_of_a_cancelled_run_starts_nothing(tmp_path, capsys, monkeypatch) 
 
 def _after(tmp_path, monkeypatch, code: int, verdict: dict | None, slurm: str = "cancelled") -> dict:  # noqa: ANN001
     """The recovery step after attempt 1 of a 2-node run; attempts.jsonl's end event."""
-    from clusterctl.runtime import nextattempt
+    from clusterctl.runtime.recovery import nextattempt
 
     (tmp_path / "run.json").write_text("{}")
     (tmp_path / "attempt-1").mkdir()
@@ -217,7 +217,7 @@ def test_a_verdict_naming_culprits_stays_when_a_cancel_follows_it(tmp_path, monk
 
 def test_slurms_own_stop_is_no_cancel(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """The time limit's TERM: the controller says 85 and the run goes on; verdict.json keeps the rendezvous's word."""
-    from clusterctl.runtime import nextattempt
+    from clusterctl.runtime.recovery import nextattempt
 
     monkeypatch.setattr(nextattempt, "submit_continuation", lambda *_: "7")
     rendezvous = {"ok": True, "code": 0, "message": "all 2 ranks registered and checked", "culprits": []}

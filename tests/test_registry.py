@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.admission import judge
-from clusterctl.runtime.greeting import registration_proof
+from clusterctl.runtime.controller.admission import judge
+from clusterctl.runtime.wire.greeting import registration_proof
 
 HOSTS = ["n1", "n2"]
 TOKEN = "tok"

@@ -18,7 +18,7 @@ from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, attemptjson, history
-from clusterctl.runtime.rankinfo import recorded_env
+from clusterctl.runtime.rank.rankinfo import recorded_env
 from clusterctl.views import record as runrecord
 
 GROUPS = ("training", "data", "recovery", "environment")

@@ -18,7 +18,7 @@ from clusterctl.errors import ConfigError
 from clusterctl.plan import make_plan
 from clusterctl.render.scripts import Rendered, render_run
 from clusterctl.rundir.runjson import RunJson, host_domains
-from clusterctl.runtime.recovery import pick_hosts, place_in_domains
+from clusterctl.runtime.recovery.policy import pick_hosts, place_in_domains
 
 NVL72 = REPO / "site-configs" / "gb200-nvl72.yaml"
 MOE = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336, "vocab": 32000, "experts": 16}
@@ -169,7 +169,7 @@ def test_plan_shows_the_segments() -> None:
 
 def test_a_tp_group_split_across_racks_is_refused_at_start_naming_both_sides() -> None:
     from clusterctl.exitcodes import ExitCode
-    from clusterctl.runtime.admission import judge
+    from clusterctl.runtime.controller.admission import judge
 
     hosts = ["nvl-001", "nvl-002", "nvl-040", "nvl-041"]  # Slurm put the job's second pair in another rack
     fabric = {0: "aa/1", 1: "aa/1", 2: "bb/4", 3: "aa/1"}
@@ -200,7 +200,7 @@ def test_the_rendered_job_sets_nccl_for_multi_node_nvlink_and_keeps_peer_access(
 def test_a_split_group_blames_no_node_and_stops_when_it_happens_again() -> None:
     from clusterctl.exitcodes import ExitCode
     from clusterctl.rundir.history import Fault
-    from clusterctl.runtime.recovery import Ended, Policy, Situation, decide
+    from clusterctl.runtime.recovery.policy import Ended, Policy, Situation, decide
 
     where = {"job_id": "7", "allocation": ("n1", "n2", "n3"), "rank_hosts": ("n1", "n2"), "nodes": 2}
     first = decide(Ended(ExitCode.PREFLIGHT_FAILED, (), None), Situation(**where), Policy())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.runtime import stepwatch
+from clusterctl.runtime.rank import stepwatch
 
 PROGRAM = Path(__file__).parent / "programs" / "stepwatch_ranks.py"
 

@@ -32,7 +32,7 @@ def blame(node: str, at: float, run: str = "r1", code: int = 82, reason: str = "
 def after_attempt(runs: Path, monkeypatch: pytest.MonkeyPatch, code: int, verdict: dict[str, Any] | None,
                   hosts: list[str]) -> Path:
     """The batch script's recovery step after attempt 1 of a run in `runs` on `hosts` (no restart: budget 0)."""
-    from clusterctl.runtime import nextattempt
+    from clusterctl.runtime.recovery import nextattempt
 
     run = runs / "r-after"
     (run / "attempt-1").mkdir(parents=True)
@@ -72,7 +72,7 @@ def test_a_node_an_earlier_drill_blamed_returns_in_the_next_job(tmp_path: Path, 
     """A drilled run with no spare left goes on in a new job that avoids the drilled node, as the real fault's
     would; the node is healthy, so the job after the next drill takes it back (else a soak of drills runs out of
     nodes nothing is wrong with). Real faults' nodes stay out."""
-    from clusterctl.runtime import nextattempt
+    from clusterctl.runtime.recovery import nextattempt
 
     calls = fake_sbatch(tmp_path, monkeypatch)
 
@@ -106,7 +106,7 @@ def test_a_node_an_earlier_drill_blamed_is_the_allocations_spare_again(tmp_path:
     left, by the first drill's node, in the same job (a soak of drills restarts warm instead of waiting for a new
     job). Real faults' nodes stay out: the second real one needs a new job."""
     from clusterctl.rundir import history
-    from clusterctl.runtime import nextattempt
+    from clusterctl.runtime.recovery import nextattempt
 
     calls = fake_sbatch(tmp_path, monkeypatch)
     monkeypatch.setenv("SLURM_JOB_ID", "6")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.runtime.heartbeat import Heartbeat
+from clusterctl.runtime.rank.heartbeat import Heartbeat
 from clusterctl.trainer.sampler import DistributedSampler
 from tests.helpers import free_port
 

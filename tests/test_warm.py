@@ -1,4 +1,4 @@
-"""Warm processes and in-memory snapshots (runtime/warm/, checkpoint/snapshots.py), with real processes and signals.
+"""Warm processes and in-memory snapshots (runtime/node/warm/, checkpoint/snapshots.py), with real processes and signals.
 
 The first tests run a warm process server that imports nothing heavy
 (`--only`) and ask it for children the way a rank does: the child has the
@@ -43,7 +43,7 @@ def server(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERCTL_")}
     env.update({envnames.WARM: f"clusterctl-test.{secrets.token_hex(6)}", "SLURMD_NODENAME": "nodeA",
                 envnames.WARM_SINCE: str(time.time())})
-    proc = subprocess.Popen([PY, "-m", "clusterctl.runtime.warm.server", "--only", "--import", "json"], env=env,
+    proc = subprocess.Popen([PY, "-m", "clusterctl.runtime.node.warm.server", "--only", "--import", "json"], env=env,
                             stderr=open(tmp_path / "server.log", "w"))
     try:
         yield env, proc
@@ -53,7 +53,7 @@ def server(tmp_path: Path):
 
 
 def client(env: dict[str, str], code: str, **kwargs: Any) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "clusterctl.runtime.warm.client", "--", PY, "-c", code], env=env,
+    return subprocess.Popen([PY, "-m", "clusterctl.runtime.node.warm.client", "--", PY, "-c", code], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -104,7 +104,7 @@ def test_ps_names_the_forked_rank_by_its_script_and_rank_and_the_stand_in_as_a_s
     env, _ = server
     script = tmp_path / "train.py"
     script.write_text("import os, time; print(os.getpid(), flush=True); time.sleep(60)\n")
-    rank = subprocess.Popen([PY, "-m", "clusterctl.runtime.warm.client", "--", PY, "-m", "clusterctl.launch", "--",
+    rank = subprocess.Popen([PY, "-m", "clusterctl.runtime.node.warm.client", "--", PY, "-m", "clusterctl.launch", "--",
                              "python3", str(script), "--lr", "0.1"], env={**env, "RANK": "3"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -169,7 +169,7 @@ def test_the_jobs_sigterm_lets_a_forked_child_finish_its_save_before_the_server_
 def test_a_server_with_no_child_leaves_at_once_on_the_jobs_sigterm(server) -> None:
     _, proc = server
     wait_for("the server to listen", lambda: subprocess.run(
-        [PY, "-m", "clusterctl.runtime.warm.client", "--", PY, "-c", "pass"], env=server[0], capture_output=True
+        [PY, "-m", "clusterctl.runtime.node.warm.client", "--", PY, "-c", "pass"], env=server[0], capture_output=True
     ).returncode == 0, 30)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
@@ -179,7 +179,7 @@ def test_the_injector_checks_a_forked_ranks_token_with_its_server(server) -> Non
     env, _ = server
     child = client({**env, envnames.TOKEN: "right"}, "import os, time; print(os.getpid(), flush=True); time.sleep(60)")
     pid = int(child.stdout.readline())
-    inject = [PY, "-m", "clusterctl.runtime.inject", "--pid", str(pid), "--kill"]
+    inject = [PY, "-m", "clusterctl.qualify.faultsignal", "--pid", str(pid), "--kill"]
     refused = subprocess.run([*inject, "--token", "wrong"], capture_output=True, text=True, timeout=30)
     assert refused.returncode == 1 and json.loads(refused.stdout)["reason"] == "token"
     done = subprocess.run([*inject, "--token", "right"], capture_output=True, text=True, timeout=30)

@@ -21,9 +21,10 @@ from typing import Iterator
 import pytest
 
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
-from clusterctl.runtime import greeting, watchserver
-from clusterctl.runtime.watchdog import Watchdog
-from clusterctl.runtime.watchserver import WatchServer
+from clusterctl.runtime.controller import watchserver
+from clusterctl.runtime.controller.watchdog import Watchdog
+from clusterctl.runtime.controller.watchserver import WatchServer
+from clusterctl.runtime.wire import greeting
 
 TOKEN = "the-attempt-secret"
 FAST = Settings(hang_timeout=30, save_timeout=8, straggler_factor=1.25, window=10)
@@ -241,7 +242,7 @@ def test_a_watch_thread_that_fails_ends_the_attempt_with_a_verdict_that_says_so(
 
 
 def test_the_aggregator_drops_malformed_datagrams_and_keeps_the_good_ones(tmp_path: Path) -> None:
-    from clusterctl.runtime.aggregator import Aggregator
+    from clusterctl.runtime.node.aggregator import Aggregator
 
     agg = Aggregator("n1", TOKEN, ("127.0.0.1", 1), str(tmp_path / "agg.sock"), None)
     inbound = agg.open_socket()
@@ -264,7 +265,7 @@ def test_an_aggregator_crowded_out_before_its_hello_was_heard_tries_again_and_ge
     """A stranger on the aggregator's own node (same address) churns connections at attempt start: each new one
     evicts the oldest waiting one from that address, the aggregator's among them. It used to read the close as "the
     controller is done" and exit, leaving its node unwatched; now it is in only once welcomed, and retries."""
-    from clusterctl.runtime.aggregator import Aggregator
+    from clusterctl.runtime.node.aggregator import Aggregator
 
     monkeypatch.setattr(watchserver, "UNGREETED_PER_PEER", 2)  # a crowd of two is enough to evict anyone
     answer, answers = greeting.hello, []

@@ -14,8 +14,8 @@ import pytest
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
-from clusterctl.runtime.blame import Facts, blame_end, parse_srun_lines
-from clusterctl.runtime.watchdog import HANG_FLOOR_S, HANG_MULTIPLE, PHASE_FLOOR_S, PHASE_MULTIPLE, Watchdog
+from clusterctl.runtime.controller.blame import Facts, blame_end, parse_srun_lines
+from clusterctl.runtime.controller.watchdog import HANG_FLOOR_S, HANG_MULTIPLE, PHASE_FLOOR_S, PHASE_MULTIPLE, Watchdog
 
 HOSTS = ["n1", "n2"]
 
@@ -505,7 +505,7 @@ def test_every_rank_slowing_together_is_no_straggler() -> None:
 
 
 def test_a_requested_stop_that_srun_cut_short_is_not_a_failure() -> None:
-    from clusterctl.runtime.blame import stopped_on_request
+    from clusterctl.runtime.controller.blame import stopped_on_request
 
     lines = [
         "srun: error: n2: tasks 2-3: Exited with exit code 85",

@@ -164,7 +164,7 @@ class Checkpointer:
             dist.broadcast_object_list(box, src=dist.get_global_rank(self._ctx.group, 0), group=self._ctx.group)
             found = box[0]
         generation, refused = found
-        if refused:  # the same error on every rank: the script's, no node is blamed (runtime/blame.py)
+        if refused:  # the same error on every rank: the script's, no node is blamed (runtime/controller/blame.py)
             raise CheckpointError(refused)
         return generation
 

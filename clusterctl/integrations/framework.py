@@ -34,8 +34,8 @@ from clusterctl.checkpoint.errors import CheckpointError
 from clusterctl.checkpoint.filesets import commit_files
 from clusterctl.checkpoint.generations import Generation, resumable
 from clusterctl.checkpoint.snapshots import Restored, Snapshots, open_snapshots
-from clusterctl.runtime import heartbeat as heartbeats
-from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
+from clusterctl.runtime.rank import heartbeat as heartbeats
+from clusterctl.runtime.rank.stoprequest import StopRequest, agree_max, exit_stopped
 from clusterctl.trainer import runrecord
 from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
 

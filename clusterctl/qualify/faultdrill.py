@@ -1,6 +1,6 @@
 """A fault drill: inject a real fault into a running job and check that it is detected.
 
-The fault comes from outside, with real signals (clusterctl.runtime.inject
+The fault comes from outside, with real signals (clusterctl.qualify.faultsignal
 run on the rank's node: qualify/injector.py); the program under test knows
 nothing of the drill.
 The drill then waits for the attempt's verdict and says whether the fault
@@ -34,8 +34,8 @@ from clusterctl.rundir import verdict as verdicts
 from clusterctl.rundir.attemptjson import AttemptJson
 from clusterctl.rundir.jsonio import write_json_atomic
 from clusterctl.rundir.verdict import Verdict
-from clusterctl.runtime.response import DUMP_WAIT_S
-from clusterctl.runtime.watchdog import WARMUP_STEPS
+from clusterctl.runtime.controller.response import DUMP_WAIT_S
+from clusterctl.runtime.controller.watchdog import WARMUP_STEPS
 from clusterctl.syntax.cpulist import format_cpulist
 
 EXPECTED = {
@@ -178,7 +178,7 @@ def node_python(run: RunDir) -> str:
     with contextlib.suppress(OSError, ValueError):
         match = re.search(r"^CONTROLLER=\((.*)\)\s*$", run.sbatch.read_text(), re.M)
         if match:
-            words = shlex.split(match.group(1))  # [python -m clusterctl.runtime.warm.client --] python -m ...controller
+            words = shlex.split(match.group(1))  # [python -m clusterctl.runtime.node.warm.client --] python -m ...controller
             for i in range(1, len(words) - 1):
                 if words[i:i + 2] == ["-m", "clusterctl.runtime.controller"]:
                     return words[i - 1]

@@ -1,4 +1,4 @@
-"""The drill's injector: clusterctl.runtime.inject run on the node of the rank (or the node) to be faulted.
+"""The drill's injector: clusterctl.qualify.faultsignal run on the node of the rank (or the node) to be faulted.
 
 On the local backend it runs here (every emulated node is this machine); on
 Slurm as a one-task step inside the job's allocation (srun --overlap), with
@@ -31,13 +31,13 @@ INJECT_TIMEOUT_S = 60.0  # one injector run, srun's start-up included
 
 
 def injector_argv(backend: str, job_id: str, host: str, python: str, args: list[str]) -> list[str]:
-    """How the drill runs clusterctl.runtime.inject on `host`.
+    """How the drill runs clusterctl.qualify.faultsignal on `host`.
 
     local: here, with this interpreter (every emulated node is this machine).
     slurm: a one-task step on `host` inside the job's allocation, sharing its
     resources (--overlap), with the interpreter the ranks use.
     """
-    inject = ["-m", "clusterctl.runtime.inject", *args]
+    inject = ["-m", "clusterctl.qualify.faultsignal", *args]
     if backend == "local":
         return [sys.executable, *inject]
     return [

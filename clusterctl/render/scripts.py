@@ -104,18 +104,18 @@ def controller_argv(python: str, standalone: bool, warm: bool = False) -> list[s
     """The batch script's controller command (none in standalone mode: rank 0 hosts the store); forked warm where it can be."""
     if standalone:
         return []
-    client = [python, "-m", "clusterctl.runtime.warm.client", "--"] if warm else []
+    client = [python, "-m", "clusterctl.runtime.node.warm.client", "--"] if warm else []
     return [*client, python, "-m", "clusterctl.runtime.controller"]
 
 
 def aggregator_argv(python: str, standalone: bool) -> list[str]:
     """The node aggregators' command (none in standalone mode: no controller takes their batches)."""
-    return [] if standalone else [python, "-m", "clusterctl.runtime.aggregator"]
+    return [] if standalone else [python, "-m", "clusterctl.runtime.node.aggregator"]
 
 
 def recovery_argv(python: str, standalone: bool) -> list[str]:
     """The batch script's recovery step (none in standalone mode: each job runs one attempt)."""
-    return [] if standalone else [python, "-m", "clusterctl.runtime.nextattempt"]
+    return [] if standalone else [python, "-m", "clusterctl.runtime.recovery.nextattempt"]
 
 
 def warm_argv(plan: Plan, python: str, standalone: bool, containerized: bool, run_dir: Path) -> list[str]:
@@ -127,7 +127,7 @@ def warm_argv(plan: Plan, python: str, standalone: bool, containerized: bool, ru
     """
     if standalone or containerized or not plan.spec.restart.warm:
         return []
-    argv = [python, "-m", "clusterctl.runtime.warm.server", "--run-dir", str(run_dir)]
+    argv = [python, "-m", "clusterctl.runtime.node.warm.server", "--run-dir", str(run_dir)]
     for module in plan.spec.restart.preimport:
         argv += ["--import", module]
     return argv

@@ -18,7 +18,7 @@
         attempt.json           job id, attempt, master addr/port, nodes
         .token                 the attempt's secret, the owner's only (0600) whatever runs_mode
         manifest.json          every rank's registration
-        timeline.jsonl         phase changes, step times, deaths, GPU samples as received (see runtime/watchserver.py)
+        timeline.jsonl         phase changes, step times, deaths, GPU samples as received (see runtime/controller/watchserver.py)
         verdict.json           the controller's verdict: culprits, victims, evidence
         srun.log               srun's own lines (task N: Killed, ...), the blame's evidence
         stacks/rank-<R>.txt    Python stacks a rank dumped when a hang was called

@@ -10,7 +10,7 @@ written before it have none).
     loss_hex      the same as float.hex, for bit-exact comparisons
     step_s        the step's wall time on rank 0
     compute_s     its compute (forward, backward, optimizer) time: the step's time less the waits for peers
-    compute_on    "cuda" when compute_s was timed on the GPU's stream (a step late: runtime/devicespans.py); absent: the host's clock
+    compute_on    "cuda" when compute_s was timed on the GPU's stream (a step late: runtime/rank/devicespans.py); absent: the host's clock
     tokens_per_s  the job's throughput in the step
     t             the wall clock (seconds since the epoch) at the step's end
     train_s       the attempt's time in steps so far

@@ -94,7 +94,7 @@ class RestartRecord:
     budget: int = 3
     mode: str = "continuation"
     in_allocation: bool = True
-    warm: bool = False  # the batch script runs warm process servers (runtime/warm/)
+    warm: bool = False  # the batch script runs warm process servers (runtime/node/warm/)
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class WatchdogRecord:
     window: int = 20
     save_timeout: float = 900.0
     load_timeout: float = 900.0
-    steps: str = "auto"  # auto | contract | off (runtime/stepwatch.py)
+    steps: str = "auto"  # auto | contract | off (runtime/rank/stepwatch.py)
 
 
 @dataclass(frozen=True)

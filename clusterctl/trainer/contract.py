@@ -13,7 +13,7 @@ A training script adopts it with a few lines:
 
 What it reports to the watchdog: the phase `load` while resume() loads
 (watchdog.load_timeout applies, not the hang timeout), one step report per
-rank per `after_step` with its step and compute time (runtime/stepwatch.py
+rank per `after_step` with its step and compute time (runtime/rank/stepwatch.py
 times the step; the collectives' waits are left out of compute), `save`
 while a checkpoint is written, and the values given to `after_step` (loss,
 tokens, any scalar or one-element tensor) in rank 0's metrics.jsonl. The
@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from clusterctl import envnames
-from clusterctl.runtime import heartbeat as heartbeats
-from clusterctl.runtime.stoprequest import StopRequest, agree_max, exit_stopped
+from clusterctl.runtime.rank import heartbeat as heartbeats
+from clusterctl.runtime.rank.stoprequest import StopRequest, agree_max, exit_stopped
 from clusterctl.trainer import runrecord
 from clusterctl.trainer.settings import SaveSchedule, attach_watch, attempt, loop_settings
 
@@ -100,7 +100,7 @@ class Contract:
         metrics_dir: str | Path | None = None,
     ) -> None:
         from clusterctl.checkpoint import Checkpointer
-        from clusterctl.runtime import stepwatch
+        from clusterctl.runtime.rank import stepwatch
 
         self.settings = loop_settings(directory=directory, interval=interval, keep=keep, asynchronous=asynchronous)
         self.directory = self.settings.directory

@@ -2,7 +2,7 @@
 
 The checkpoint directory, interval and keep come from run.json when the loop
 runs under clusterctl (./checkpoints, every 1000 steps, keep 2 by hand or
-under torchrun); the step watcher (runtime/stepwatch.py) is the one the
+under torchrun); the step watcher (runtime/rank/stepwatch.py) is the one the
 launcher installed, told that the loop now says which step it is, so there
 is one step report per rank per step.
 """
@@ -79,7 +79,7 @@ def loop_settings(
 
 def attach_watch(rank: int, world: int, settings: LoopSettings, metrics_dir: str | Path | None = None) -> Any:
     """The step watcher, now fed by the loop's own step numbers (None with `watchdog.steps: off`)."""
-    from clusterctl.runtime import stepwatch
+    from clusterctl.runtime.rank import stepwatch
 
     watch = stepwatch.current() or stepwatch.install(
         rank, world, attempt(), str(metrics_dir or os.environ.get(envnames.ATTEMPT_DIR) or "") or None, settings.steps_mode,

@@ -23,8 +23,9 @@ import traceback
 from pathlib import Path
 
 from clusterctl import envnames
-from clusterctl.runtime import heartbeat, stacks
-from clusterctl.runtime.computeclock import compute_clock
+from clusterctl.runtime.rank import heartbeat
+from clusterctl.runtime.rank.computeclock import compute_clock
+from clusterctl.runtime.wire import stacks
 from clusterctl.trainer.busy import spin
 
 

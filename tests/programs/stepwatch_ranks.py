@@ -14,7 +14,7 @@ import time
 rank, world, port, attempt_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 
-from clusterctl.runtime import stepwatch  # noqa: E402
+from clusterctl.runtime.rank import stepwatch  # noqa: E402
 
 stepwatch.install(rank, world, 1, attempt_dir)
 
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from clusterctl.runtime import procexit  # noqa: E402
+from clusterctl.runtime.rank import procexit  # noqa: E402
 from clusterctl.watch import record  # noqa: E402
 
 dist.init_process_group("gloo")

@@ -35,7 +35,7 @@ def main() -> int:
     from clusterctl.integrations.submitit.paths import RunPaths
     from clusterctl.integrations.submitit.stop import StopWatch, peer_handler, rank0_handler, save_pickle
     from clusterctl.rundir import RunDir
-    from clusterctl.runtime import rendezvous
+    from clusterctl.runtime.rank import rendezvous
 
     rank = int(os.environ.get("RANK", "0") or 0)
     attempt = int(os.environ.get(envnames.ATTEMPT, "0") or 0)

@@ -2,7 +2,7 @@
 
 The batch shell traps the pre-timeout signal (or a preemption's SIGTERM) and
 tells the controller, which sets the stop flag in the rendezvous store
-(templates/job.sbatch.j2, runtime/controller.py). A training loop sees the
+(templates/job.sbatch.j2, runtime/controller/main.py). A training loop sees the
 flag at its next step (`Contract.after_step`); a plain function has no steps,
 so a thread polls the flag and interrupts the main thread with SIGUSR2, the
 signal submitit's own handler takes. Rank 0 then decides by submitit's rules
@@ -33,8 +33,8 @@ from submitit.core.utils import DelayedSubmission
 from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit.paths import save_pickle
 from clusterctl.rundir import RunDir, history, runjson
-from clusterctl.runtime import registration, storeseal
-from clusterctl.runtime.stoprequest import STOP_SIGNALS
+from clusterctl.runtime.rank.stoprequest import STOP_SIGNALS
+from clusterctl.runtime.wire import registration, storeseal
 
 POLL_S = 0.2  # how often the stop flag is looked at: one tiny store round trip
 DECISION = registration.PREFIX + "submitit/decision"  # rank 0's `go` or `stay`, for the other ranks

@@ -2,7 +2,7 @@
 
 A 100,000-step run on 4 ranks has millions of phase and step records; one
 `json.loads` per line takes longer than the whole report may. Lines written
-by the watch server have one layout (runtime/watchserver.py: `json.dumps` of
+by the watch server have one layout (runtime/controller/watchserver.py: `json.dumps` of
 a dict built in a fixed key order), so a precompiled pattern over whole
 chunks of the file reads them, and the records are counted (every phase and
 step record has a `"phase":` key) to prove that none was missed. A chunk where

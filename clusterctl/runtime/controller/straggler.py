@@ -1,0 +1,245 @@
+"""The straggler rule: the one rank the others wait for, judged from the time it loses over a window (pure).
+
+A verdict excludes a node and starts a new job, so a wrong one costs more
+than a late one. The rule therefore judges the time a rank LOSES, step by
+step, against its peers, and only when that loss is real on three counts:
+
+* It is steady. For each step of the window the rank's compute time is set
+  against its peers' median at the same step, and the rank's excess is
+  averaged over the window with its `trim(window)` largest and smallest
+  excesses left out (a trimmed mean). A rank 1.5x slower on every step, and
+  one that stalls 100 ms on one step in four, both lose a steady share and
+  are found; one spike (a page-in, a garbage collection, a late batch) is
+  left out and is nobody's straggler. A median alone would miss the
+  staller: three steps in four look healthy.
+* Or it recurs (`recurring`). A rank stopped 100 ms in every 300 ms on 20 ms
+  steps stalls one step in ten: two steps of a 20-step window, which the
+  trim leaves out as spikes, though the rank loses a third of its time. So
+  its loss is also judged with every step counted, over the last
+  `RECUR_WINDOWS` disjoint windows, against the same limits; and the stalls
+  must come back: in each of those windows it stalled (took more than twice
+  its peers' median) on `RECUR_STALLS` steps or more and lost more than the
+  factor allows. A spike, or two, is in one window; a stall that comes back
+  is in every one. Stalls rarer than that (one a window) are left alone.
+* It is large against its peers: its compute time a step (the peers' median
+  plus its loss) over the peers' is above `watchdog.straggler_factor`.
+  Peers slowed together (a busy shared node, a slower phase of the
+  script) move the per-step median with them: nobody loses anything.
+* It is large in seconds: the rank computes at least
+  `watchdog.straggler_min_compute_s` a step and loses at least
+  `watchdog.straggler_min_lost_s` a step. Below these floors, timing jitter
+  (the scheduler, the timer, a framework's bookkeeping) makes ratios of
+  3-4x out of nothing: a 0.35 ms step that takes 1.45 ms is noise, not a
+  slow GPU. bench/README.md ("straggler_jitter.py") has the jitter the
+  defaults were set from.
+
+And it goes on: the same rank must stay the straggler for PERSIST_STEPS steps
+(counted in its steps from the first window that named it, `named_from`,
+not in the watchdog's checks), and the steps since it was first named, every
+one counted, must pass the same limits (`confirmed`): a window still holding
+a few spikes, or a spell that has ended, names nobody.
+
+The watchdog (runtime/controller/watchdog.py) feeds it the ranks' compute times after
+warm-up and asks `slowest`, then `confirmed`. Only peers are compared, within one attempt: a rank's
+own earlier steps are no baseline, since a script's own phases and a
+restart's first steps (warm or cold) change every rank's pace.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+TRIM_SHARE = 0.1  # of the window's steps, left out at each end of a rank's excesses: one-off spikes are no steady loss
+RECUR_WINDOWS = 3  # disjoint windows in a row over which a recurring straggler's loss is judged, every step counted
+RECUR_STALLS = 2  # stalled steps it shows in each of them: one is a spike
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a straggler must exceed: the factor over its peers and the two floors (seconds a step)."""
+
+    factor: float
+    min_compute_s: float
+    min_lost_s: float
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One rank over the window: its peers' per-step median, what it lost a step over it, and its compute time."""
+
+    rank: int
+    peers_s: float  # the mean over the window of its peers' median compute time at each step
+    lost_s: float  # its trimmed mean excess over that median, seconds a step (negative: faster)
+
+    @property
+    def compute_s(self) -> float:
+        """Its own compute time a step, its spikes left out."""
+        return self.peers_s + self.lost_s
+
+    @property
+    def ratio(self) -> float:
+        return self.compute_s / self.peers_s if self.peers_s > 0 else float("inf")
+
+
+def limits(settings: Any) -> Limits:
+    """The limits a run's watchdog settings set (rundir/runjson.WatchdogRecord, or the spec's section)."""
+    return Limits(settings.straggler_factor, settings.straggler_min_compute_s, settings.straggler_min_lost_s)
+
+
+def trim(window: int) -> int:
+    """Steps left out at each end of a window's excesses: `TRIM_SHARE` of it, at least one, never half."""
+    return min((window - 1) // 2, max(1, int(window * TRIM_SHARE)))
+
+
+def common_steps(series: Sequence[Sequence[tuple[int, float]]], window: int, earlier: int = 0) -> list[int] | None:
+    """The newest `window` steps every rank reported (in the first rank's order), with up to `earlier` steps
+    before them, or None while there are fewer than `window`."""
+    if len(series) < 2:
+        return None  # one rank alone has nobody waiting for it: no straggler
+    back = 2 * window + earlier
+    recent = [{step for step, _ in s[-back:]} for s in series]
+    shared = set.intersection(*recent)
+    ordered = [step for step, _ in series[0][-back:] if step in shared]
+    ordered = list(dict.fromkeys(ordered))  # a step reported twice counts once
+    return ordered[-(window + earlier) :] if len(ordered) >= window else None
+
+
+def peer_medians(values: Sequence[float]) -> list[float]:
+    """For each value, the median of all the others (one sort for all of them, not one per rank)."""
+    n = len(values)
+    order = sorted(range(n), key=values.__getitem__)
+    ranked = [values[i] for i in order]
+    low, high = (n - 2) // 2, (n - 1) // 2  # the middle of the n - 1 others
+    out = [0.0] * n
+    for pos, index in enumerate(order):
+        a = ranked[low] if low < pos else ranked[low + 1]
+        b = ranked[high] if high < pos else ranked[high + 1]
+        out[index] = (a + b) / 2
+    return out
+
+
+@dataclass(frozen=True)
+class Excesses:
+    """Each rank's excess over its peers' median at each step of a span, and that median: one pass over the
+    steps, from which every window's standing is read."""
+
+    steps: list[int]
+    excess: list[list[float]]  # [rank][i]: its compute time at steps[i] minus its peers' median there
+    base: list[list[float]]  # [rank][i]: that median
+
+    def standing(self, rank: int, lo: int = 0, hi: int | None = None, trimmed: int = 0) -> Standing:
+        """The rank's standing over steps[lo:hi], its `trimmed` largest and smallest excesses left out."""
+        hi = len(self.steps) if hi is None else hi
+        kept = sorted(self.excess[rank][lo:hi])[trimmed : hi - lo - trimmed]
+        return Standing(rank, statistics.fmean(self.base[rank][lo:hi]), statistics.fmean(kept))
+
+    def stalls(self, rank: int, lo: int = 0, hi: int | None = None) -> int:
+        """How many of steps[lo:hi] took the rank more than twice its peers' median: stalls, not a slowdown."""
+        return sum(e > b for e, b in zip(self.excess[rank][lo:hi], self.base[rank][lo:hi]))
+
+
+def excesses(compute: Sequence[Mapping[int, float]], steps: Sequence[int]) -> Excesses:
+    """compute[rank][step], that rank's compute time at that step, set against its peers' median at each of `steps`."""
+    world = len(compute)
+    excess: list[list[float]] = [[] for _ in range(world)]
+    base: list[list[float]] = [[] for _ in range(world)]
+    for step in steps:
+        values = [compute[r][step] for r in range(world)]
+        for r, median in enumerate(peer_medians(values)):
+            excess[r].append(values[r] - median)
+            base[r].append(median)
+    return Excesses(list(steps), excess, base)
+
+
+def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trimmed: int | None = None) -> list[Standing]:
+    """Each rank's standing over `steps` (compute[rank][step]: that rank's compute time at that step), its
+    `trimmed` (default `trim(len(steps))`) largest and smallest excesses left out."""
+    table = excesses(compute, steps)
+    k = trim(len(steps)) if trimmed is None else trimmed
+    return [table.standing(r, trimmed=k) for r in range(len(compute))]
+
+
+def recurring(table: Excesses, window: int, limits: Limits) -> Standing | None:
+    """The rank whose loss over the last `RECUR_WINDOWS` disjoint windows of the table's steps, every step counted,
+    is past every limit, with `RECUR_STALLS` stalls and a loss past the factor in each of those windows (the one
+    that lost the most when several are); None when no rank is, or the table holds fewer windows. See the module's
+    doc."""
+    end = len(table.steps)
+    if end < RECUR_WINDOWS * window:
+        return None
+    start = end - RECUR_WINDOWS * window
+    factor_only = Limits(limits.factor, 0.0, 0.0)
+    windows = [(start + i * window, start + (i + 1) * window) for i in range(RECUR_WINDOWS)]
+    past = [whole for whole in (table.standing(r, start) for r in range(len(table.excess)))
+            if is_straggler(whole, limits)
+            and all(table.stalls(whole.rank, lo, hi) >= RECUR_STALLS
+                    and is_straggler(table.standing(whole.rank, lo, hi), factor_only) for lo, hi in windows)]
+    return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
+
+
+def is_straggler(s: Standing, limits: Limits) -> bool:
+    """Past every limit: the floors in seconds and the factor over its peers."""
+    return (
+        s.compute_s >= limits.min_compute_s
+        and s.lost_s >= limits.min_lost_s
+        and s.lost_s > (limits.factor - 1.0) * s.peers_s
+    )
+
+
+def slowest(found: Sequence[Standing], limits: Limits) -> Standing | None:
+    """The straggler that lost the most time a step, or None when no rank is past every limit."""
+    past = [s for s in found if is_straggler(s, limits)]
+    return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
+
+
+def named_from(compute: Sequence[Mapping[int, float]], span: Sequence[int], rank: int, window: int, limits: Limits) -> int:
+    """The step from which `rank` has been past every limit at each step, counted back from the newest: the
+    window ending at that step and at every later one of `span` names it. Persistence is thus counted in the
+    ranks' steps, not in the watchdog's checks: a node reports its ranks' steps once a second, so a check can
+    see many new steps at once, and a straggler shown by them is named at the step it showed, not a check later."""
+    table = excesses(compute, span)
+    k = trim(window)
+    first = span[-1]
+    for end in range(len(span), window - 1, -1):
+        if not is_straggler(table.standing(rank, end - window, end, trimmed=k), limits):
+            break
+        first = span[end - 1]
+    return first
+
+
+def confirmed(
+    compute: Sequence[Mapping[int, float]], steps: Sequence[int], rank: int, since: int, limits: Limits
+) -> Standing | None:
+    """The suspect's standing over the window's steps after `since` (when it was first named), every one counted,
+    when it is past every limit there too: its loss goes on, it did not just happen once in the window."""
+    newer = [step for step in steps if step > since]
+    if not newer:
+        return None
+    found = standings(compute, newer, trimmed=0)[rank]
+    return found if is_straggler(found, limits) else None
+
+
+def describe(s: Standing, window: int, since: Standing, newer: int, limits: Limits, peers_lost_s: float) -> str:
+    """The verdict's reason: what was compared, over which steps, and the limits it passed."""
+    return (
+        f"lost {s.lost_s:.3g} s a step against its peers' median compute time at each of the last {window} steps"
+        f" ({s.compute_s:.3g} s a step against their {s.peers_s:.3g} s: {s.ratio:.2f}x, its {trim(window)} largest"
+        f" and smallest losses left out; its peers lost {peers_lost_s:.3g} s a step at most), and {since.lost_s:.3g} s"
+        f" a step over the {newer} steps since it was first named; past watchdog.straggler_factor {limits.factor:g},"
+        f" straggler_min_compute_s {limits.min_compute_s:g} s and straggler_min_lost_s {limits.min_lost_s:g} s"
+    )
+
+
+def describe_recurring(s: Standing, window: int, stalls: int, limits: Limits, peers_lost_s: float) -> str:
+    """A recurring straggler verdict's reason: its loss over the windows, and on how few steps it came."""
+    steps = RECUR_WINDOWS * window
+    return (
+        f"lost {s.lost_s:.3g} s a step against its peers' median compute time at each step, every step counted, over"
+        f" the last {RECUR_WINDOWS} windows of {window} steps ({s.compute_s:.3g} s a step against their"
+        f" {s.peers_s:.3g} s: {s.ratio:.2f}x; its peers lost {peers_lost_s:.3g} s a step at most): it stalls, {stalls}"
+        f" of its {steps} steps took more than twice its peers', {RECUR_STALLS} or more in each window;"
+        f" past watchdog.straggler_factor {limits.factor:g}, straggler_min_compute_s {limits.min_compute_s:g} s and"
+        f" straggler_min_lost_s {limits.min_lost_s:g} s"
+    )
