@@ -53,6 +53,8 @@ from clusterctl.rundir.runjson import WatchdogRecord
 from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, FAULT_NODE, Verdict
 from clusterctl.runtime.controller import straggler
 from clusterctl.runtime.controller.blame import Facts, TaskEnd, lost_node_verdict
+from clusterctl.runtime.wire import heartbeat as wire
+from clusterctl.runtime.wire.heartbeat import GONE, PROGRESS_KINDS
 
 HANG_MULTIPLE = 5.0
 HANG_FLOOR_S = 3.0
@@ -63,7 +65,6 @@ PHASE_MULTIPLE = 5.0  # a save or load may take this many times the longest one 
 PHASE_FLOOR_S = 60.0  # ...and at least this long: a busier filesystem, a larger shard, a cold cache
 MEASURED_PHASES = ("save", "load")
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
-PROGRESS_KINDS = ("phase", "step")
 WAITING_PHASES = ("collective",)
 
 
@@ -128,27 +129,27 @@ class Watchdog:
             state.pid = int(msg["pid"])
         if msg.get("gpu") is not None:
             state.gpu = msg["gpu"]
-        kind = msg.get("kind")  # hello (pid only), alive, phase, step, closed
-        if kind == "closed":
+        kind = msg.get("kind")  # wire/heartbeat.py: hello (pid only), alive, phase, step, closed
+        if kind == wire.CLOSED:
             state.closed = True
             if state.phase in self._round:  # a stop's save is the rank's last phase: its loop closing ends it
                 self._round_ended(state.phase, received)
         step = int(msg.get("step", state.step))
         phase = str(msg.get("phase", state.phase))
         sent = float(msg.get("t") or 0.0)
-        if kind == "alive" and state.last_progress is not None and (phase, step) != (state.phase, state.step):
+        if kind == wire.ALIVE and state.last_progress is not None and (phase, step) != (state.phase, state.step):
             if sent > state.sent:  # not a beat older than the phase news already applied (batches reorder them)
-                kind = "phase"  # a phase message was lost on the way (datagrams): the liveness beat carries the news
+                kind = wire.PHASE  # a phase message was lost on the way (datagrams): the liveness beat carries the news
         if kind not in PROGRESS_KINDS:
             return
         state.sent = max(state.sent, sent)
-        if kind == "step":
+        if kind == wire.STEP:
             state.steps_done += 1
             if msg.get("step_s") is not None:
                 state.step_times.append(float(msg["step_s"]))
             if msg.get("compute_s") is not None:
                 state.compute.append((step, float(msg["compute_s"])))
-        if kind == "step" or phase != state.phase or step != state.step:
+        if kind == wire.STEP or phase != state.phase or step != state.step:
             state.last_progress = received
             self.last_progress = received
         if phase != state.phase:
@@ -163,7 +164,7 @@ class Watchdog:
         """A save or load is measured once every live rank is out of it, from the first rank's start to the last
         one's end: where one rank writes what the others do not (rank 0's full state), the others' quick exits are
         not its length."""
-        if any(r.phase == phase and r.process != "gone" and not r.closed for r in self.ranks):
+        if any(r.phase == phase and r.process != GONE and not r.closed for r in self.ranks):
             return
         took = now - self._round.pop(phase)
         self.longest[phase] = max(took, self.longest.get(phase, 0.0))
@@ -173,7 +174,7 @@ class Watchdog:
         if 0 <= rank < self.world:
             state = self.ranks[rank]
             state.process = status
-            if status == "gone" and state.gone_at is None:
+            if status == GONE and state.gone_at is None:
                 state.gone_at = when
 
     def observe_gpus(self, node: str, sample: dict[str, Any]) -> None:
@@ -194,13 +195,13 @@ class Watchdog:
             if now - when < NODE_LOST_CONFIRM_S:
                 return None
             return lost_node_verdict(self.facts(), node, when)
-        if any(r.process == "gone" or r.closed for r in self.ranks):
+        if any(r.process == GONE or r.closed for r in self.ranks):
             return None
         return self.check(now)
 
     def accounted(self) -> bool:
         """Each rank's end seen, or never to be seen (no process known, its node lost)."""
-        return all(r.process == "gone" or r.pid is None or r.node in self.lost_nodes for r in self.ranks)
+        return all(r.process == GONE or r.pid is None or r.node in self.lost_nodes for r in self.ranks)
 
     def facts(
         self, gpus: dict[int, Any] | None = None, errors: dict[int, str] | None = None, srun: list[TaskEnd] | None = None,
@@ -219,7 +220,7 @@ class Watchdog:
     def _phase_timeout(self) -> tuple[float, str] | None:
         """The configured bound while a live rank saves, loads or evaluates: those may take far longer than a step."""
         s = self.settings
-        live = [r for r in self.ranks if r.process != "gone"]
+        live = [r for r in self.ranks if r.process != GONE]
         if any(r.phase == "save" for r in live):
             return self._measured("save", s.save_timeout, "a checkpoint save is in progress")
         if any(r.phase == "load" for r in live):
@@ -276,7 +277,7 @@ class Watchdog:
         if stalled < timeout:
             return None
         quiet = max(timeout, LIVENESS_TIMEOUT_S)  # a save may hold the interpreter for seconds: a beat silent that long
-        silent = [r for r in self.ranks if r.process != "gone"
+        silent = [r for r in self.ranks if r.process != GONE
                   and (r.process == "stopped" or (r.last_beat is not None and now - r.last_beat >= quiet))]
         if not silent or len(silent) == self.world:
             return None
@@ -292,7 +293,7 @@ class Watchdog:
         """No phases yet (start-up, or a script that reports none): only a rank gone silent is a hang."""
         timeout = self.settings.hang_timeout
         silent = [
-            r for r in self.ranks if r.last_beat is not None and now - r.last_beat > timeout and r.process != "gone"
+            r for r in self.ranks if r.last_beat is not None and now - r.last_beat > timeout and r.process != GONE
         ]
         if not silent or len(silent) == self.world:
             return None
@@ -347,7 +348,7 @@ class Watchdog:
             r
             for r in self.ranks
             if r.process == "stopped"
-            or (r.last_beat is not None and now - r.last_beat > LIVENESS_TIMEOUT_S and r.process != "gone")
+            or (r.last_beat is not None and now - r.last_beat > LIVENESS_TIMEOUT_S and r.process != GONE)
         ]
         if silent and len(silent) < self.world:
             silent.sort(key=lambda r: (r.last_beat or 0.0, r.rank))

@@ -42,6 +42,9 @@ from clusterctl.rundir import timeline
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.wire import greeting
+from clusterctl.runtime.wire import heartbeat as wire
+
+TIMELINE_KIND = {wire.PHASE: timeline.PHASE, wire.STEP: timeline.STEP}  # the wire's progress kinds, as the timeline records them
 
 CHECK_EVERY_S = 0.25
 MAX_LINE = 1 << 22  # a greeted aggregator's one-second batch, however many steps it holds
@@ -132,7 +135,7 @@ class WatchServer:
     # --- commands to the nodes ---------------------------------------------------
     def send_all(self, command: str) -> int:
         """Send a command to every connected aggregator; how many got it."""
-        data = (json.dumps({"cmd": command}) + "\n").encode()
+        data = wire.command_line(command)
         sent = 0
         with self.lock:
             for conn, info in list(self.conns.items()):
@@ -334,28 +337,28 @@ class WatchServer:
     def _handle(self, info: dict[str, Any], msg: dict[str, Any], now: float) -> None:
         kind = msg.get("kind")
         node = info["node"]
-        if kind == "batch":
+        if kind == wire.BATCH:
             for beat in msg.get("beats", []):
-                if beat.get("kind") == "gpu":
+                if beat.get("kind") == wire.GPU:
                     self.watchdog.observe_gpus(node, beat.get("gpus", {}))
                     self._timeline.write(timeline.GPU, now, node=node, gpus=beat.get("gpus", {}))
                     continue
                 self.watchdog.observe(beat, now)
-                if beat.get("kind") in (timeline.PHASE, timeline.STEP):
-                    self._timeline.write(beat["kind"], now, rank=beat.get("rank"), node=node, step=beat.get("step"),
+                if beat.get("kind") in TIMELINE_KIND:
+                    self._timeline.write(TIMELINE_KIND[beat["kind"]], now, rank=beat.get("rank"), node=node, step=beat.get("step"),
                                          phase=beat.get("phase"), at=beat.get("t"), step_s=beat.get("step_s"),
                                          compute_s=beat.get("compute_s"))
             for rank, status in (msg.get("procs") or {}).items():
                 if str(rank).isdigit():
                     self.watchdog.observe_process(int(rank), status, now)
             self._timeline.flush()
-        elif kind == "gone":
+        elif kind == wire.GONE:
             rank = int(msg.get("rank", -1))
             when = float(msg.get("t", now))
-            self.watchdog.observe_process(rank, "gone", when)
+            self.watchdog.observe_process(rank, wire.GONE, when)
             self._timeline.write(timeline.GONE, now, rank=rank, node=node, pid=msg.get("pid"), at=when)
             self._timeline.flush()
-        elif kind == "bye":
+        elif kind == wire.BYE:
             info["bye"] = True
 
     def _drop(self, conn: socket.socket, info: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ node) before the ranks, so a dead rank cannot take its node's heartbeats
 with it. It
 
 * receives the ranks' heartbeat datagrams on a Unix socket named from the
-  attempt token and the node (heartbeat.socket_path);
+  attempt token and the node (wire/heartbeat.py, which defines every message here);
 * watches each rank's process (a pidfd, so a death is seen the moment it
   happens; /proc for stopped processes);
 * samples the node's GPUs through NVML every few seconds where pynvml
@@ -40,8 +40,9 @@ from clusterctl import envnames, rundir
 from clusterctl.runtime.node import leftovers
 from clusterctl.runtime.node.gpusample import GpuSampler
 from clusterctl.runtime.node.procfs import process_state
-from clusterctl.runtime.rank.heartbeat import socket_path
 from clusterctl.runtime.wire import greeting
+from clusterctl.runtime.wire import heartbeat as wire
+from clusterctl.runtime.wire.heartbeat import socket_path
 from clusterctl.runtime.wire.stacks import DUMP_SIGNAL
 
 INTERVAL_S = 1.0
@@ -168,7 +169,7 @@ class Aggregator:
             return 0
         finally:
             try:
-                self.send({"kind": "bye", "node": self.node})
+                self.send({"kind": wire.BYE, "node": self.node})
             except BrokenPipeError:
                 pass
             inbound.close()
@@ -186,23 +187,19 @@ class Aggregator:
                 data = inbound.recv(65536)
             except (BlockingIOError, InterruptedError):
                 return
-            try:  # the socket is the job owner's (0700): a malformed datagram is a bug of theirs, dropped
-                msg = json.loads(data)
-                rank = int(msg["rank"])
-                pid = int(msg.get("pid") or 0)
-            except (ValueError, KeyError, TypeError, AttributeError):
+            msg = wire.parse_rank_message(data)
+            if msg is None:
                 continue
-            if rank < 0 or pid < 0:
-                continue
+            rank, pid = msg["rank"], msg.get("pid") or 0
             msg["node"] = self.node
             msg["received"] = time.time()
             if pid and rank not in self.pids:
                 self.watch(rank, pid)
-            if msg.get("kind") == "alive":
+            if msg["kind"] == wire.ALIVE:
                 self.alive[rank] = msg
             else:
                 self.pending.append(msg)
-                if msg.get("kind") == "closed":
+                if msg["kind"] == wire.CLOSED:
                     self.send_batch()  # the rank's loop is done: its last steps go now, not at the next batch
 
     def watch(self, rank: int, pid: int) -> None:
@@ -221,7 +218,7 @@ class Aggregator:
             self.send_batch()
         if self.reported.get(rank) != "gone":
             self.reported[rank] = "gone"
-            self.send({"kind": "gone", "node": self.node, "rank": rank, "pid": self.pids.get(rank), "t": time.time()})
+            self.send({"kind": wire.GONE, "node": self.node, "rank": rank, "pid": self.pids.get(rank), "t": time.time()})
 
     def processes(self) -> dict[str, str]:
         states = {}
@@ -230,18 +227,18 @@ class Aggregator:
             states[str(rank)] = state
             if state == "gone" and self.reported.get(rank) != "gone":
                 self.reported[rank] = "gone"
-                self.send({"kind": "gone", "node": self.node, "rank": rank, "pid": pid, "t": time.time()})
+                self.send({"kind": wire.GONE, "node": self.node, "rank": rank, "pid": pid, "t": time.time()})
         return states
 
     def sample_gpus(self) -> None:
         sample = self.gpus.sample()
         if sample:
-            self.pending.append({"kind": "gpu", "node": self.node, "t": time.time(), "gpus": sample})
+            self.pending.append({"kind": wire.GPU, "node": self.node, "t": time.time(), "gpus": sample})
 
     def send_batch(self) -> None:
         beats = self.pending + list(self.alive.values())
         self.pending, self.alive = [], {}
-        self.send({"kind": "batch", "node": self.node, "t": time.time(), "beats": beats, "procs": self.processes()})
+        self.send({"kind": wire.BATCH, "node": self.node, "t": time.time(), "beats": beats, "procs": self.processes()})
 
     def send(self, message: dict[str, Any]) -> None:
         if self.out is None:
@@ -271,13 +268,10 @@ class Aggregator:
         self.inbox += data
         while b"\n" in self.inbox:
             line, self.inbox = self.inbox.split(b"\n", 1)
-            try:
-                command = json.loads(line).get("cmd")
-            except ValueError:
-                continue
-            if command == "dump":
+            command = wire.command(line)
+            if command == wire.DUMP:
                 self.dump()
-            elif command == "kill":
+            elif command == wire.KILL:
                 self.kill()
         return True
 

@@ -6,16 +6,11 @@ every phase change and a beat each second go as one JSON datagram to the
 node's Unix socket; a send that fails (aggregator gone, buffer full) is
 dropped, never raised, and never blocks training.
 
-A message: {kind, rank, attempt, step, phase, step_s, compute_s, t, pid, gpu}
-where kind is `hello` (first), `phase`, `step`, `alive` or `closed` (the loop is done). A SIGSTOPped
-or dead process stops both kinds; a rank blocked in a collective keeps its
-liveness beat but stops changing phase — which is how the watchdog tells a
-hang's culprit from its victims.
+What a message holds and when each kind is sent: wire/heartbeat.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -24,16 +19,10 @@ import time
 from typing import Any
 
 from clusterctl import envnames
+from clusterctl.runtime.wire import heartbeat as wire
+from clusterctl.runtime.wire.heartbeat import PHASES, socket_path
 
-PHASES = ("start", "load", "forward", "backward", "optimizer", "collective", "save", "eval", "idle")
 LIVENESS_S = 1.0
-
-
-def socket_path(directory: str, token: str, node: str) -> str:
-    """The node aggregator's socket: one per attempt (token) and emulated node, short enough for AF_UNIX."""
-    name = node if len(node) <= 40 and "/" not in node else hashlib.sha1(node.encode()).hexdigest()[:16]
-    attempt = hashlib.sha256(token.encode()).hexdigest()[:12]  # names the attempt without giving away its token
-    return os.path.join(directory, f"clusterctl-{attempt}-{name}.sock")
 
 
 def socket_from_env() -> str | None:
@@ -70,7 +59,7 @@ class Heartbeat:
             self._sock.setblocking(False)
             self._thread = threading.Thread(target=self._beat, args=(liveness_s,), name="clusterctl-heartbeat", daemon=True)
             self._thread.start()
-            self._send("hello")  # the aggregator learns this process at once (not progress: no phase yet)
+            self._send(wire.HELLO)  # the aggregator learns this process at once (not progress: no phase yet)
 
     @property
     def enabled(self) -> bool:
@@ -83,26 +72,16 @@ class Heartbeat:
         self.phase_name = name
         if step is not None:
             self.step = step
-        self._send("phase")
+        self._send(wire.PHASE)
 
     def step_done(self, step: int, step_s: float, compute_s: float | None = None) -> None:
         """Report a finished step with its wall time and the part spent computing."""
         self.step, self.step_s, self.compute_s = step, step_s, compute_s
-        self._send("step")
+        self._send(wire.STEP)
 
     def message(self, kind: str) -> dict[str, Any]:
-        return {
-            "kind": kind,
-            "rank": self.rank,
-            "attempt": self.attempt,
-            "step": self.step,
-            "phase": self.phase_name,
-            "step_s": self.step_s,
-            "compute_s": self.compute_s,
-            "t": time.time(),
-            "pid": self.pid,
-            "gpu": self.gpu,
-        }
+        return wire.rank_message(kind, self.rank, self.attempt, self.step, self.phase_name, self.step_s,
+                                 self.compute_s, time.time(), self.pid, self.gpu)
 
     def _send(self, kind: str) -> None:
         if self._sock is None:
@@ -114,11 +93,11 @@ class Heartbeat:
 
     def _beat(self, every: float) -> None:
         while not self._stop.wait(every):
-            self._send("alive")
+            self._send(wire.ALIVE)
 
     def close(self) -> None:
         """Stop beating and say so: a rank past its training loop is no longer judged for progress."""
-        self._send("closed")
+        self._send(wire.CLOSED)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
