@@ -53,11 +53,18 @@ DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {
         "restarts without the culprit's node (a spare takes its slot, else a new job excludes it); counted. A group"
         " across racks excludes no node: the restart runs where it ran and stops on the second such failure",
     ),
-    ExitCode.HANG: ("hang verdict", "restarts without the culprit's node; counted"),
+    ExitCode.HANG: (
+        "hang verdict",
+        "restarts without the culprit's node when its process was stopped; a hang with no stopped process restarts"
+        " in place the first time, and excludes the node when it follows it to the next attempt (the same rank again is"
+        " the script's (88): no node is blamed); counted",
+    ),
     ExitCode.STRAGGLER: ("straggler verdict", "restarts without the culprit's node; counted"),
     ExitCode.SCRIPT_FAILED: (
         "a rank's script failed (traceback in verdict.json)",
-        "restarts in place; a node failing twice is excluded; counted",
+        "restarts in place; a node failing twice is excluded; one rank's error restarts in place and the same error on"
+        " the same rank again is the script's (88); the same file-system or store error on every node gets one"
+        " restart, then the run stops (87); counted",
     ),
     ExitCode.PRE_TIMEOUT: (
         "pre-timeout or preempted, checkpoint committed",
