@@ -20,7 +20,7 @@ from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.plan.commandcheck import PYTHON_ENV, CommandCheck, Where, check_command
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
 from clusterctl.plan.suspects import SuspectChoice
-from clusterctl.render.runfiles import create_run, node_python, runs_root, shipped_root
+from clusterctl.render.runfiles import create_run, node_python, shipped_root
 from clusterctl.rundir import RunDir, access, ownership, roots, runjson, secretenv, suspects
 from clusterctl.rundir.suspects import Suspect
 
@@ -60,7 +60,7 @@ def local_suspects(config: JobConfig, now: float | None = None) -> dict[str, Sus
     """The active suspect nodes of the runs root the job's run will be created in ({} when the site keeps none)."""
     window_s = config.site.reliability.suspect_hours * 3600
     drills = config.spec.topology.avoid_drill_suspects
-    return suspects.active(runs_root(config), window_s, now, drills) if window_s > 0 else {}
+    return suspects.active(roots.of_spec(config.spec.runs_root, config.site.runs_root), window_s, now, drills) if window_s > 0 else {}
 
 
 def load_for_submit(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> PlannedJob:
@@ -102,7 +102,7 @@ def refuse_untrusted_places(job: PlannedJob | JobConfig) -> None:
     what the run reads from them runs as its owner (rundir/ownership.py, checkpoint/trust.py)."""
     checkpoints = Path(job.spec.checkpoint.dir).expanduser() if job.spec.checkpoint.dir else None
     field = "runs_root" if job.spec.runs_root else "site runs_root"
-    problems = untrusted_places(runs_root(job), field, checkpoints)
+    problems = untrusted_places(roots.of_spec(job.spec.runs_root, job.site.runs_root), field, checkpoints)
     if problems:
         raise ConfigError(f"job spec {job.spec_path}", problems)
 

@@ -24,28 +24,19 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, is_run, jobid, roots
 
-RUNS = "runs"  # the default runs root, relative to where clusterctl runs
-ROOTS_ENV = "CLUSTERCTL_RUNS_ROOTS"
-
 RootOpt = Annotated[
     Optional[Path],
     typer.Option("--runs-root", metavar="DIR", show_default=False,
-                 help=f"the runs root to look in (default: RUN is looked up in ${ROOTS_ENV}, every known site's runs_root,"
+                 help=f"the runs root to look in (default: RUN is looked up in ${roots.ENV}, every known site's runs_root,"
                       " the roots submitted into and ./runs; runs are listed from ./runs)"),
 ]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="run directory, run id, or a job id of the run", show_default=False)]
 
 
-def runs_root(given: Path | None) -> Path:
-    """Where runs are listed (`runs`, `status` without RUN): `--runs-root`, else ./runs."""
-    return given.expanduser().absolute() if given is not None else Path.cwd() / RUNS
-
-
-def _site_roots() -> list[Path]:
-    """The runs_root of every site this machine knows (a site that does not load, or names an unset variable, is skipped)."""
+def _site_roots() -> list[str]:
+    """The runs_root of every site this machine knows (a site that does not load is skipped)."""
     from clusterctl.config.site import known_sites, load_site
     from clusterctl.errors import ConfigError
-    from clusterctl.render.runfiles import expand_path
 
     found = []
     for name in known_sites():
@@ -54,24 +45,13 @@ def _site_roots() -> list[Path]:
         except ConfigError:
             continue
         if site.runs_root:
-            path, _unset = expand_path(str(site.runs_root))
-            if path is not None:
-                found.append(path)
+            found.append(str(site.runs_root))
     return found
 
 
 def search_roots(given: Path | None) -> list[Path]:
-    """The roots RUN is looked up in, in order, each once."""
-    if given is not None:
-        return [runs_root(given)]
-    listed = [Path(p).expanduser() for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p]
-    ordered, seen = [], set()
-    for path in [*listed, *_site_roots(), *roots.remembered(), Path.cwd() / RUNS]:
-        key = os.path.realpath(path.absolute())
-        if key not in seen:
-            seen.add(key)
-            ordered.append(path.absolute())
-    return ordered
+    """The roots RUN is looked up in, in order, each once (rundir/roots.py)."""
+    return roots.search(given, _site_roots())
 
 
 def _by_job(job: str, root: Path, local: bool) -> Path | None:
@@ -103,7 +83,7 @@ def _local_job(job: str, root: Path | None) -> Path | None:
         run = Path(str(record.spec.get("script", ""))).parent if record.exists() else None
     except (OSError, ValueError):
         return None
-    if run is None or not is_run(run) or (root is not None and runs_root(root) not in run.parents):
+    if run is None or not is_run(run) or (root is not None and roots.listing(root) not in run.parents):
         return None
     return run
 
@@ -129,7 +109,7 @@ def resolve_run(arg: str, root: Path | None = None) -> RunDir:
     if not unique:
         looked = "; ".join(f"{r}{'' if r.is_dir() else ' (missing)'}" for r in where)
         raise ClusterctlError(f"no run {arg!r}: not a directory, nor a run id or job id in {looked}."
-                              f" Give the run's directory, --runs-root DIR, or set {ROOTS_ENV}", ExitCode.USAGE)
+                              f" Give the run's directory, --runs-root DIR, or set {roots.ENV}", ExitCode.USAGE)
     raise ClusterctlError(f"{arg!r} names more than one run: {', '.join(map(str, unique))}. Give the run's directory"
                           " or --runs-root DIR", ExitCode.USAGE)
 

@@ -17,10 +17,10 @@ from clusterctl.backends import get_backend
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target
-from clusterctl.cli.runarg import RootOpt, resolve_run, runs_root
+from clusterctl.cli.runarg import RootOpt, resolve_run
 from clusterctl.cli.status_view import run_screen, runs_json, runs_table
 from clusterctl.remote.client import connect
-from clusterctl.rundir import RunDir, list_runs
+from clusterctl.rundir import RunDir, list_runs, roots
 from clusterctl.views.state import DRY_RUN, GOING, RunState, derive_many
 
 
@@ -36,7 +36,7 @@ def _shown(run: Optional[str], root: Path | None, show_all: bool) -> list[RunSta
     only when there is nothing else): their states, derived once."""
     if run is not None:
         return _states([resolve_run(run, root)])
-    states = _states(list_runs(runs_root(root)))
+    states = _states(list_runs(roots.listing(root)))
     if show_all or not states:
         return states
     going = [st for st in states if st.state in GOING]
@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 print("[]")
             else:
-                err_console.print(f"no runs under {runs_root(root)}")
+                err_console.print(f"no runs under {roots.listing(root)}")
             raise typer.Exit(0)
         runs = [RunDir(st.path) for st in first]
         pending = [first]  # the states just derived serve the first screen; each refresh derives again
@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
     @app.command("runs")
     def runs_cmd(root: RootOpt = None, as_json: JsonOpt = False, remote: RemoteOpt = None) -> None:
         """List the runs under the runs root, newest first: state, step, attempts, last change."""
-        where = runs_root(root)
+        where = roots.listing(root)
         if there := remote_target(remote):
             with connect(there) as link:
                 states = _parsed(link.json(["status", "--all", "--json", *(["--runs-root", str(root)] if root else [])]))

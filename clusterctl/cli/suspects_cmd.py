@@ -16,10 +16,8 @@ from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.config.site import Reliability
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.rundir import suspects
+from clusterctl.rundir import roots, suspects
 from clusterctl.syntax.units import format_duration
-
-DEFAULT_RUNS_ROOT = "runs"  # as `drill` and `submit` use it when neither spec nor site names one
 
 
 def _root_and_window(runs_root: Path | None, spec: Path | None) -> tuple[Path, float]:
@@ -27,13 +25,12 @@ def _root_and_window(runs_root: Path | None, spec: Path | None) -> tuple[Path, f
     window_s = Reliability().suspect_hours * 3600
     if spec is not None:
         from clusterctl.plan.job import load_job
-        from clusterctl.render.runfiles import runs_root as job_runs_root
 
         job = load_job(spec)
         window_s = job.site.reliability.suspect_hours * 3600
         if runs_root is None:
-            return job_runs_root(job), window_s
-    return (runs_root.expanduser() if runs_root else Path.cwd() / DEFAULT_RUNS_ROOT), window_s
+            return roots.of_spec(job.spec.runs_root, job.site.runs_root), window_s
+    return roots.listing(runs_root), window_s
 
 
 def _iso(epoch: float) -> str:

@@ -23,8 +23,7 @@ from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.suspects_cmd import rows as suspect_rows
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.render.runfiles import expand_path
-from clusterctl.rundir import RunDir, access, suspects
+from clusterctl.rundir import RunDir, access, roots, suspects
 
 
 def facts(expand: list[str], with_suspects: bool = False) -> dict[str, object]:
@@ -33,7 +32,7 @@ def facts(expand: list[str], with_suspects: bool = False) -> dict[str, object]:
     expanded: dict[str, str | None] = {}
     blamed: dict[str, list[dict[str, object]]] = {}
     for text in expand:
-        path, _unset = expand_path(text)
+        path, _unset = roots.expand(text)
         expanded[text] = str(path) if path is not None else None
         if with_suspects and path is not None:
             blamed[text] = suspect_rows(suspects.nodes(path), 0.0, time.time(), True)

@@ -25,7 +25,7 @@ from clusterctl.plan.job import JobConfig, PlannedJob, plan_job
 from clusterctl.plan.suspects import SuspectChoice
 from clusterctl.remote.client import Remote, connect
 from clusterctl.render.runfiles import stage_run
-from clusterctl.rundir import secretenv
+from clusterctl.rundir import roots, secretenv
 from clusterctl.rundir.suspects import Suspect
 
 
@@ -72,13 +72,12 @@ def remote_suspects(rows: object, job: JobConfig, now: float) -> dict[str, Suspe
 def submit_remote(config: JobConfig, remote: str, command: str | None, transport: str, backend_name: str | None,
                   code: Path | None, code_on_cluster: str | None, dry_run: bool = False) -> RemoteSubmission:
     """Plan the job once with the login node's suspect nodes, render here, ship the run (and the code), submit there."""
-    raw_root = config.spec.runs_root or config.site.runs_root or "runs"
+    raw_root, field = roots.chosen(config.spec.runs_root, config.site.runs_root)
     link = connect(remote, command, transport, expand=[raw_root])
     try:
         assert link.facts is not None
         root = link.facts["expanded"].get(raw_root)
         if not root:
-            field = "runs_root" if config.spec.runs_root else "site runs_root"
             raise ConfigError("job spec", [Problem(field, raw_root, f"a variable in it is not set on {link.host}; write the path out")])
         if code_on_cluster and link.transport.run(shlex.join(["test", "-d", code_on_cluster])).returncode != 0:
             raise ClusterctlError(f"--code-on-cluster {code_on_cluster}: no such directory on {link.host}", ExitCode.USAGE)

@@ -6,10 +6,8 @@ so a crash or a rejected submission never leaves a half-made run behind.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +21,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, PlannedJob
 from clusterctl.plan.memory import oom_problem
 from clusterctl.render.scripts import render_run
-from clusterctl.rundir import RunDir, access
+from clusterctl.rundir import RunDir, access, roots
 
 
 def node_python(job: PlannedJob | JobConfig) -> str:
@@ -67,40 +65,10 @@ def write_rendered(job: PlannedJob, out: Path, *, standalone: bool = False) -> l
         raise ClusterctlError(f"cannot write to {out}: {exc.strerror or exc}", ExitCode.BAD_CONFIG) from None
 
 
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-
-
-def runs_root(job: PlannedJob | JobConfig) -> Path:
-    """The runs root: the spec's, else the site's, else ./runs; `~` and `$VARIABLE`s expanded.
-
-    An unset variable is an error rather than a directory named after it.
-    """
-    root = job.spec.runs_root or job.site.runs_root or "runs"
-    field = "runs_root" if job.spec.runs_root else "site runs_root"
-    path, unset = expand_path(root)
-    if path is None:
-        raise ConfigError(
-            "job spec",
-            [Problem(field, root, f"the environment variable {unset} is not set; set it or write the path out")],
-        )
-    return path
-
-
-def expand_path(text: str) -> tuple[Path | None, str | None]:
-    """`~` and `$VARIABLE`s expanded here, relative to the working directory; (None, the first variable that is
-    not set) rather than a directory named after it. A login node does this for a laptop (`version --expand`)."""
-    env = {"USER": getpass.getuser(), **os.environ}  # a site's per-user root (`/lustre/runs/$USER`) where no shell set it
-    unset = [a or b for a, b in _VARIABLE.findall(text) if (a or b) not in env]
-    if unset:
-        return None, unset[0]
-    path = Path(_VARIABLE.sub(lambda m: env[m.group(1) or m.group(2)], text)).expanduser()
-    return (path if path.is_absolute() else Path.cwd() / path), None
-
-
 def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None = None) -> RunDir:
     """Make `<runs root>/<run id>/` complete, or not at all (and no runs root for a refused job)."""
     run_id = run_id or rundir.new_run_id(job.spec.name)
-    root = runs_root(job)
+    root = roots.of_spec(job.spec.runs_root, job.site.runs_root)
     final = root / run_id
     files = _render(job, final, standalone, run_id)
     if not root.parent.is_dir():  # a mistyped or absent file system: refused, not created with all its parents
