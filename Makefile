@@ -1,12 +1,13 @@
 # Two entry points, each doing its own set-up idempotently:
 #   make demo   plan and run the quickstart job (the main job, on the embedded local backend)
 #   make test   the whole test suite (unit, CLI, and real-Slurm tests)
+#   make test-fast   the tests that start no process (about a minute): for iterations
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test sysdeps bench schema docs docs-serve clean
+.PHONY: demo test test-fast sysdeps bench schema docs docs-serve clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +49,9 @@ sysdeps:
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/plan_scale.py
