@@ -234,8 +234,8 @@ def worker(port: int, world: int, first: int, last: int, run_dir: str) -> None:
             arrived.append(time.time())
             verdict = rendezvous.await_verdict(store, 600, world, TOKEN)
             told.append(time.time())
-            if not verdict["ok"]:
-                failed.append(verdict["message"][:200])
+            if not verdict.ok:
+                failed.append(verdict.message[:200])
         except Exception as exc:  # noqa: BLE001
             failed.append(f"rank {r}: {exc}"[:200])
 

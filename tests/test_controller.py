@@ -142,7 +142,7 @@ def run_ranks(ctl: Controller, plans: list[tuple[int, dict, str | None]]) -> dic
 def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
     ctl = Controller(make_run(tmp_path))
     results = run_ranks(ctl, [(r, rank_record(r), "Traceback: boom on rank 3" if r == 3 else None) for r in range(4)])
-    assert len(results) == 4 and all(v["ok"] for v in results.values())
+    assert len(results) == 4 and all(v.ok for v in results.values())
     manifest = wait_for_manifest(ctl.attempt)  # written just after the verdict is published
     assert [r["rank"] for r in manifest["ranks"]] == [0, 1, 2, 3]
     assert [r["host"] for r in manifest["ranks"]] == ["n1", "n1", "n2", "n2"]
@@ -181,7 +181,7 @@ def test_junk_in_the_stores_lists_is_skipped_and_the_attempt_is_judged(tmp_path:
     stranger.append(registration.DUPLICATES, "x:y,1:,-1:2,99:2,0:1,\xff,")
     stranger.append(registration.ERRORED, "nope,-3,99,,")
     results = run_ranks(ctl, [(r, rank_record(r), "Traceback: boom on rank 1" if r == 1 else None) for r in range(4)])
-    assert len(results) == 4 and all(v["ok"] for v in results.values()), results
+    assert len(results) == 4 and all(v.ok for v in results.values()), results
     code, out = ctl.stop()
     assert code == ExitCode.SCRIPT_FAILED and "Traceback (most recent call last)" not in out, out
     verdict = json.loads((ctl.attempt / "verdict.json").read_text())
@@ -204,7 +204,7 @@ def test_values_a_stranger_writes_into_the_store_change_nothing(tmp_path: Path, 
     stranger.append(registration.RETURNED, "0:1,1:1,")
     stranger.set(registration.STOP, "now")
     results = run_ranks(ctl, [(r, rank_record(r), None) for r in range(4)])
-    assert len(results) == 4 and all(v["ok"] for v in results.values()), results
+    assert len(results) == 4 and all(v.ok for v in results.values()), results
     monkeypatch.setattr(rendezvous, "CURRENT_STORE", stranger)  # rank 0's stop test reads the store it was given
     monkeypatch.setenv("CLUSTERCTL_TOKEN", TOKEN)
     monkeypatch.setattr(signal, "signal", lambda *_: None)  # the test's own signal handlers stay
@@ -225,8 +225,8 @@ def test_a_registration_rewritten_without_the_token_is_judged_forged_and_its_cla
     stranger.set(registration.reg_key(2), registration.encode_registration(forged))  # its proof is a genuine one's
     stranger.add(registration.ARRIVED, 1)
     results = run_ranks(ctl, [(r, rank_record(r), None) for r in (0, 1, 3)])
-    assert results and all(v["code"] == ExitCode.RENDEZVOUS_FAILED for v in results.values()), results
-    message = next(iter(results.values()))["message"]
+    assert results and all(v.code == ExitCode.RENDEZVOUS_FAILED for v in results.values()), results
+    message = next(iter(results.values())).message
     assert "rank 2 (pid 102 on n2) carries another attempt's token" in message and "preflight" not in message, message
     code, _ = ctl.stop()
     verdict = json.loads((ctl.attempt / "verdict.json").read_text())
@@ -240,8 +240,8 @@ def test_ranks_that_never_arrive_are_named_after_the_timeout(tmp_path: Path) -> 
     started = time.monotonic()
     results = run_ranks(ctl, [(r, rank_record(r), None) for r in range(3)])
     assert time.monotonic() - started < 15
-    assert all(not v["ok"] and v["code"] == ExitCode.RENDEZVOUS_FAILED for v in results.values())
-    message = next(iter(results.values()))["message"]
+    assert all(not v.ok and v.code == ExitCode.RENDEZVOUS_FAILED for v in results.values())
+    message = next(iter(results.values())).message
     assert "rank 3 on n2 failed before registering: ModuleNotFoundError: No module named 'torch'" in message
     code, out = ctl.stop()
     assert code == ExitCode.RENDEZVOUS_FAILED and "failed before registering" in out
@@ -279,8 +279,8 @@ def test_every_registration_check_at_once(tmp_path: Path) -> None:
     )
     for thread in threads:
         thread.join(60)
-    message = results[(1, 101)]["message"]
-    assert results[(1, 101)]["code"] == ExitCode.RENDEZVOUS_FAILED
+    message = results[(1, 101)].message
+    assert results[(1, 101)].code == ExitCode.RENDEZVOUS_FAILED
     for part in (
         "rank 3 registered 2 times: pid 999 on n2, pid 103 on n2",
         "rank 3 (pid 999 on n2) carries another attempt's token: a stale process",
@@ -347,7 +347,7 @@ def test_a_cancel_during_the_rendezvous_blames_no_node(tmp_path: Path, how: str)
     store = rendezvous.connect(ctl.info(0), 20)
     rendezvous.register(store, 0, rank_record(0), TOKEN)
     told: dict = {}
-    waiting = threading.Thread(target=lambda: told.update(rendezvous.await_verdict(store, 30, 4, TOKEN)))
+    waiting = threading.Thread(target=lambda: told.update(rendezvous.await_verdict(store, 30, 4, TOKEN).as_dict()))
     waiting.start()
     time.sleep(0.5)
     ctl.proc.send_signal(signal.SIGTERM)

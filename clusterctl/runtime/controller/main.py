@@ -253,7 +253,7 @@ class Controller:
 
     def _publish(self, verdict: Verdict) -> None:
         """The rendezvous verdict for the ranks, sealed: a stranger's in its place is refused by every rank."""
-        self.store.set(registration.VERDICT, storeseal.seal(self.token, registration.VERDICT, json.dumps(verdict.as_dict())))
+        self.store.set(registration.VERDICT, storeseal.seal(self.token, registration.VERDICT, registration.verdict_body(verdict)))
 
     def _errors(self) -> dict[int, str]:
         """The ranks' error reports (ERRORED lists them): rank -> text; one not sealed by a holder of the token
@@ -444,10 +444,10 @@ class Controller:
             return finding.code  # the watchdog's, recorded when it was called
         planned = any(c in POST_RENDEZVOUS for c in self.run.preflight.checks)  # else a postcheck is a stranger's
         if planned and (sealed := self._sealed(registration.POSTCHECK)) is not None:
-            post = json.loads(sealed)
-            if not post["ok"]:
-                return self.keeper.give(Verdict(False, int(post["code"]), post["message"], post.get("culprits", []))).code
-            log(post["message"])
+            post = registration.read_verdict(sealed)
+            if not post.ok:
+                return self.keeper.give(post).code
+            log(post.message)
         if self.stop_requested and self._stopped_on_request():
             log("the ranks saved, committed and stopped on request (85); any that srun stopped on their way out are not failures")
             return int(ExitCode.PRE_TIMEOUT)

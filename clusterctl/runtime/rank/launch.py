@@ -164,10 +164,10 @@ def managed(argv: list[str]) -> int:
         return int(ExitCode.RENDEZVOUS_FAILED)
     rendezvous.register(store, info.rank, record, info.token)
     verdict = rendezvous.await_verdict(store, timeout_s, info.world_size, info.token)
-    if not verdict["ok"]:
+    if not verdict.ok:
         if info.rank == 0:
-            print(f"clusterctl: {verdict['message']}", file=sys.stderr)
-        return int(verdict["code"])
+            print(f"clusterctl: {verdict.message}", file=sys.stderr)
+        return int(verdict.code)
     post = [c for c in info.run.preflight.checks if c in POST_RENDEZVOUS]
     if post:
         from clusterctl.runtime.rank.postchecks import run_post_checks
@@ -175,8 +175,8 @@ def managed(argv: list[str]) -> int:
         failure = run_post_checks(post, info, store, timeout_s)
         if failure is not None:
             if info.rank == 0:
-                print(f"clusterctl: {failure['message']}", file=sys.stderr)
-            return int(failure["code"])
+                print(f"clusterctl: {failure.message}", file=sys.stderr)
+            return int(failure.code)
         if info.rank == 0:
             print(f"clusterctl: {' and '.join(post)} check passed (attempt-{info.attempt}/checks.json)", flush=True)
     rendezvous.share_with_process_group(store, info.rank, info.world_size)

@@ -28,6 +28,7 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import RankLayout
 from clusterctl.rundir import write_json_atomic
+from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller import straggler
 from clusterctl.runtime.rank.rankinfo import RankInfo
 from clusterctl.runtime.wire import registration, storeseal
@@ -155,7 +156,7 @@ def judge_compute(times: dict[int, float], limits: straggler.Limits, hosts: list
     return {"median_s": statistics.median(times.values()), "factor": unfloored.factor, "slow": culprits}
 
 
-def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: float) -> dict[str, Any] | None:
+def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: float) -> Verdict | None:
     """Run the requested checks; returns the failed verdict when one fails (None when all pass)."""
     report: dict[str, Any] = {}
     if "comm" in names:
@@ -168,17 +169,15 @@ def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: flo
         try:
             outcome = _rank0_judges(names, info, store, report)
         except ValueError as exc:  # a peer's result forged in the store: no result, and nobody's fault
-            outcome = {"ok": False, "code": int(ExitCode.PREFLIGHT_FAILED), "culprits": [], "message": f"post-rendezvous"
-                       f" checks: {exc}; no node is blamed"}
-        store.set(registration.POSTCHECK, storeseal.seal(info.token, registration.POSTCHECK, json.dumps(outcome)))
+            outcome = Verdict(False, int(ExitCode.PREFLIGHT_FAILED), f"post-rendezvous checks: {exc}; no node is blamed")
+        store.set(registration.POSTCHECK, storeseal.seal(info.token, registration.POSTCHECK, registration.verdict_body(outcome)))
     store.wait([registration.POSTCHECK], timedelta(seconds=timeout_s))
     sealed = storeseal.unseal(info.token, registration.POSTCHECK, store.get(registration.POSTCHECK))
     if sealed is None:
-        return {"ok": False, "code": int(ExitCode.PREFLIGHT_FAILED), "culprits": [],
-                "message": "the post-rendezvous checks' outcome in the store is not rank 0's (no valid seal): someone"
-                           " else wrote it; no node is blamed"}
-    outcome = json.loads(sealed)
-    return None if outcome["ok"] else outcome
+        return Verdict(False, int(ExitCode.PREFLIGHT_FAILED), "the post-rendezvous checks' outcome in the store is not"
+                       " rank 0's (no valid seal): someone else wrote it; no node is blamed")
+    outcome = registration.read_verdict(sealed)
+    return None if outcome.ok else outcome
 
 
 def _opened(token: str, key: str, raw: bytes) -> bytes:
@@ -190,7 +189,7 @@ def _opened(token: str, key: str, raw: bytes) -> bytes:
     return value
 
 
-def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str, Any]) -> dict[str, Any]:
+def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str, Any]) -> Verdict:
     hosts = rundir.read_hosts(info.attempt_dir)
     summary = []
     if "comm" in report:
@@ -203,7 +202,7 @@ def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str
             report["comm"]["tp_groups"] = groups
             slowest = min(g["results"][-1]["busbw_gbs"] for g in groups)
             summary.append(f"slowest tp group busbw {slowest:.2f} GB/s over {len(groups)} groups")
-    outcome: dict[str, Any] = {"ok": True, "code": 0, "message": "; ".join(summary) or "post-rendezvous checks passed"}
+    outcome = Verdict(True, 0, "; ".join(summary) or "post-rendezvous checks passed")
     if "compute" in names:
         keys = [f"{registration.PREFIX}compute/{r}" for r in range(info.world_size)]
         times = {r: float(_opened(info.token, k, v)) for r, (k, v) in enumerate(zip(keys, store.multi_get(keys)))}
@@ -211,11 +210,8 @@ def _rank0_judges(names: list[str], info: RankInfo, store: Any, report: dict[str
         report["compute"] = {**verdict, "seconds": times}
         if verdict["slow"]:
             named = ", ".join(f"rank {c['rank']} on {c['host']} ({c['reason']})" for c in verdict["slow"])
-            outcome = {
-                "ok": False,
-                "code": int(ExitCode.STRAGGLER),
-                "message": f"compute check: slower than {verdict['factor']}x its peers' median: {named}",
-                "culprits": verdict["slow"],
-            }
+            outcome = Verdict(False, int(ExitCode.STRAGGLER),
+                              f"compute check: slower than {verdict['factor']}x its peers' median: {named}",
+                              verdict["slow"])
     write_json_atomic(info.attempt_dir / "checks.json", report)
     return outcome

@@ -18,7 +18,6 @@ docs/design/rendezvous.md for the /etc/hosts line that answers it locally.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import time
 import traceback
@@ -27,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.rank.rankinfo import RankInfo
 from clusterctl.runtime.wire import registration, storeseal
 
@@ -70,7 +70,7 @@ def register(store: Any, rank: int, record: dict[str, Any], token: str) -> int:
     return claim
 
 
-def await_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> dict[str, Any]:
+def await_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> Verdict:
     """The controller's verdict, waiting past the rendezvous timeout by a margin that grows with the world.
 
     A get waits for its key on its own: one wait and one get, where an
@@ -87,11 +87,11 @@ def await_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> 
         while True:
             body = storeseal.unseal(token, registration.VERDICT, store.get(registration.VERDICT))
             if body is not None:
-                return json.loads(body)
+                return registration.read_verdict(body)
             if time.monotonic() >= deadline:
-                return {"ok": False, "code": int(ExitCode.RENDEZVOUS_FAILED),
-                        "message": "no rendezvous verdict of the controller's came: the one in the store has no valid"
-                                   " seal (someone else wrote it), and this rank stops without acting on it"}
+                return Verdict(False, int(ExitCode.RENDEZVOUS_FAILED),
+                               "no rendezvous verdict of the controller's came: the one in the store has no valid seal"
+                               " (someone else wrote it), and this rank stops without acting on it")
             time.sleep(FORGED_VERDICT_POLL_S)
     finally:
         store.set_timeout(previous)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.wire import storeseal
 
 PREFIX = "clusterctl/"
@@ -75,6 +77,22 @@ def error_key(rank: int) -> str:
 
 VERSION_KEYS = ("torch", "cuda", "nccl", "hip")
 JUDGED = ("rank", "world_size", "host", "pid", "proof", "gpu", "versions", "fabric")  # what judge() and the end's blame read
+def verdict_body(verdict: Verdict) -> str:
+    """The rendezvous verdict as the controller publishes it under VERDICT (sealed): verdict.json's own record."""
+    return json.dumps(verdict.as_dict())
+
+
+def read_verdict(body: bytes | str) -> Verdict:
+    """The ranks' reading of VERDICT's (unsealed) body: a Verdict, never a raw dict."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        return Verdict(False, int(ExitCode.RENDEZVOUS_FAILED), "the controller's rendezvous verdict could not be read")
+    return Verdict.from_dict(data)
+
+
 VERDICT_GRACE_S = 30.0  # ranks wait this long past the rendezvous timeout for the controller's verdict ...
 VERDICT_GRACE_PER_RANK_S = 200e-6  # ... plus this per rank: ~10x the controller's measured work per rank (bench/controller_scale.py)
 
