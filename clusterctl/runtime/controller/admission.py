@@ -25,6 +25,9 @@ def _ranges(ranks: list[int]) -> str:
     return format_cpulist(ranks)
 
 
+Finding = tuple[list[str], list[dict[str, Any]]]  # (problems, one line each; culprits)
+
+
 def judge(
     records: dict[int, dict[str, Any]],
     duplicates: dict[int, list[dict[str, Any]]],
@@ -45,41 +48,54 @@ def judge(
     it wrote to its node log (for ranks that could not even reach the store).
     A missing rank with an error is a culprit; missing ranks without one
     either never arrived (a hang: culprits) or were stopped with the culprit.
+    Preflight failures come first (they name nodes to exclude), then an NVLink
+    group split across racks, then every other problem in one verdict.
     """
-    errors = errors or {}
-    log_errors = log_errors or {}
-    problems: list[str] = []
-    culprits: list[dict[str, Any]] = []
 
     def host_of(rank: int) -> str:
         slot = rank // gpus_per_node
         return hosts[slot] if slot < len(hosts) else "?"
 
-    # Preflight failures first: they name nodes to exclude.
-    preflight: dict[str, list[str]] = defaultdict(list)
+    verdict = _preflight(records, token, host_of) or nvlink_split(records, nvlink_groups, host_of)
+    if verdict is not None:
+        return verdict
+    problems: list[str] = []
+    culprits: list[dict[str, Any]] = []
+    for found, named in (_missing(records, world_size, errors or {}, log_errors or {}, host_of),
+                         _duplicated(records, duplicates), _misplaced(records, world_size, token, host_of),
+                         _mismatched_versions(records)):
+        problems += found
+        culprits += named
+    if problems:
+        return Verdict(False, int(ExitCode.RENDEZVOUS_FAILED), "rendezvous failed: " + " | ".join(problems), culprits)
+    return Verdict(True, 0, f"all {world_size} ranks registered and checked")
+
+
+def _preflight(records: dict[int, dict[str, Any]], token: str, host_of: Callable[[int], str]) -> Verdict | None:
+    """81 naming every node whose ranks failed a check (a stale process's checks say nothing of this attempt)."""
+    failed: dict[str, list[str]] = defaultdict(list)
+    culprits: list[dict[str, Any]] = []
     for rank, rec in sorted(records.items()):
         if not registered_here(token, rec):
-            continue  # a stale process: reported as such below, its checks say nothing of this attempt
+            continue
         for check in rec.get("preflight", []):
             if not check.get("ok", True):
-                preflight[rec.get("host", host_of(rank))].append(f"rank {rank} {check['name']}: {check['detail']}")
+                failed[rec.get("host", host_of(rank))].append(f"rank {rank} {check['name']}: {check['detail']}")
                 culprits.append({"rank": rank, "host": rec.get("host"), "reason": f"preflight {check['name']}",
                                  "evidence": "preflight"})
-    if preflight:
-        lines = [f"{host}: {'; '.join(items)}" for host, items in sorted(preflight.items())]
-        return Verdict(
-            False,
-            int(ExitCode.PREFLIGHT_FAILED),
-            f"preflight failed on {len(preflight)} node(s): " + " | ".join(lines),
-            culprits,
-            {"nodes": sorted(preflight)},
-            fault=FAULT_NODE,
-        )
+    if not failed:
+        return None
+    lines = [f"{host}: {'; '.join(items)}" for host, items in sorted(failed.items())]
+    return Verdict(False, int(ExitCode.PREFLIGHT_FAILED), f"preflight failed on {len(failed)} node(s): " + " | ".join(lines),
+                   culprits, {"nodes": sorted(failed)}, fault=FAULT_NODE)
 
-    split = nvlink_split(records, nvlink_groups, host_of)
-    if split is not None:
-        return split
 
+def _missing(records: dict[int, dict[str, Any]], world_size: int, errors: dict[int, str], log_errors: dict[int, str],
+             host_of: Callable[[int], str]) -> Finding:
+    """Ranks that never registered: those that said why are the culprits; the silent ones are, unless another
+    failed first (then they were stopped with it)."""
+    problems: list[str] = []
+    culprits: list[dict[str, Any]] = []
     missing = [r for r in range(world_size) if r not in records]
     failed_early = {r: errors.get(r) or log_errors.get(r) for r in missing if errors.get(r) or log_errors.get(r)}
     for r, err in sorted(failed_early.items()):
@@ -98,13 +114,25 @@ def judge(
         else:
             problems.append(f"{len(silent)} of {world_size} ranks never arrived: {where}")
             culprits += [{"rank": r, "host": host_of(r), "reason": "never arrived"} for r in silent]
+    return problems, culprits
 
+
+def _duplicated(records: dict[int, dict[str, Any]], duplicates: dict[int, list[dict[str, Any]]]) -> Finding:
+    """A rank claimed more than once: the later claimants are the culprits."""
+    problems: list[str] = []
+    culprits: list[dict[str, Any]] = []
     for rank, extra in sorted(duplicates.items()):
         first = records.get(rank, {})
         who = [f"pid {r.get('pid')} on {r.get('host')}" for r in [first, *extra]]
         problems.append(f"rank {rank} registered {len(who)} times: {', '.join(who)}")
         culprits += [{"rank": rank, "host": r.get("host"), "reason": "duplicate rank"} for r in extra]
+    return problems, culprits
 
+
+def _misplaced(records: dict[int, dict[str, Any]], world_size: int, token: str, host_of: Callable[[int], str]) -> Finding:
+    """A stale process, a rank started with another world size, or on another node than the plan's."""
+    problems: list[str] = []
+    culprits: list[dict[str, Any]] = []
     for rank, rec in sorted(records.items()):
         host = rec.get("host")
         if not registered_here(token, rec):  # its seal or proof failed: nothing in it can be believed, its host least
@@ -121,7 +149,13 @@ def judge(
         if host != expected:
             problems.append(f"rank {rank} runs on {host}, the plan puts it on {expected}")
             culprits.append({"rank": rank, "host": host, "reason": "wrong node"})
+    return problems, culprits
 
+
+def _mismatched_versions(records: dict[int, dict[str, Any]]) -> Finding:
+    """Ranks whose torch, CUDA, NCCL or HIP differ from most ranks': those few are the culprits."""
+    problems: list[str] = []
+    culprits: list[dict[str, Any]] = []
     for key in VERSION_KEYS:
         seen: dict[Any, list[int]] = defaultdict(list)
         for rank, rec in records.items():
@@ -140,10 +174,7 @@ def judge(
                 if value != common
                 for r in ranks
             ]
-
-    if problems:
-        return Verdict(False, int(ExitCode.RENDEZVOUS_FAILED), "rendezvous failed: " + " | ".join(problems), culprits)
-    return Verdict(True, 0, f"all {world_size} ranks registered and checked")
+    return problems, culprits
 
 
 def nvlink_split(records: dict[int, dict[str, Any]], groups: Iterable[tuple[str, list[int]]],
