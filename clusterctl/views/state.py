@@ -46,6 +46,7 @@ from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.history import History
 from clusterctl.rundir.layout import RunDir
 from clusterctl.rundir.metrics import MetricsFile
+from clusterctl.rundir.verdict import Verdict
 from clusterctl.syntax import hostlist
 
 # The states a run can be in (`status --json` key `state`).
@@ -264,7 +265,6 @@ def _derive(
     attempts = _attempts(run, h, run_json)
     asked = {jobid.native(k): v for k, v in (jobs or {}).items()}
     info = asked.get(h.job) if h.job else None
-    known = h.job in asked
     ckpt_dir = run_json.checkpoint_dir(run.path)
     try:
         committed_list = committed_steps(ckpt_dir) if ckpt_dir.is_dir() else []
@@ -274,72 +274,14 @@ def _derive(
     committed = committed_list[0] if committed_list else h.committed_step
 
     name = run_json.name or run.path.name
-    reason, exit_code = h.reason, h.exit_code
-    job_gone = known and (info is None or info.finished)
     shown_job = jobid.display(h.job, h.backend)
     current = attempts[-1] if attempts else None
-    batch_log = layout.BATCH_LOG.format(job=h.job)
-
-    if h.submission == "failed" and not h.attempts:
-        value, reason = FAILED, h.submission_reason or "submission failed"
-        exit_code = h.submission_exit
-    elif h.dry_run:
-        value, reason = DRY_RUN, "not submitted (a dry run): clusterctl requeue submits it"
-    elif h.stopped:
-        if h.cancelled_by or exit_code == ExitCode.CANCELLED:  # a cancelled run has one code, whatever its ranks exited with
-            value, exit_code = CANCELLED, int(ExitCode.CANCELLED)
-            who = f"cancelled by {h.cancelled_by}" if h.cancelled_by else "cancelled"
-            reason = who + (f" ({reason})" if reason and not reason.startswith("stopped") else "")
-        elif exit_code == 0:
-            value = COMPLETED
-        elif exit_code == ExitCode.PRE_TIMEOUT:
-            value = CANCELLED
-            reason = f"stopped at the time limit or preemption with a checkpoint committed ({reason}); clusterctl requeue continues it"
-        else:
-            value = FAILED
-    elif job_gone or (info is not None and info.finished):
-        slurm = f"{info.state}" if info is not None else "forgotten by the scheduler"
-        if h.cancelled_by or exit_code == ExitCode.CANCELLED or (info is not None and info.state.startswith("CANCELLED")):
-            value, exit_code = CANCELLED, int(ExitCode.CANCELLED)
-            who = h.cancelled_by or history.SCANCEL
-            reason = f"cancelled by {who}"
-            if current is not None and current.end is None:  # KillWait ended its batch script before it recorded the end
-                current.exit_code, current.meaning, current.cancelled_by = exit_code, reason, who
-        elif h.position == history.ENDED:  # the attempt's end is recorded; the decision after it never was
-            value = COMPLETED if exit_code == 0 else FAILED
-            reason = (f"attempt {h.current.number if h.current else '?'} ended with exit {exit_code} ({reason or meaning(exit_code)}),"
-                      f" then job {shown_job} ended ({slurm}) before the run's next step was decided (see {batch_log})")
-        else:
-            value = FAILED
-            where = f"attempt {h.current.number}" if h.position == history.RUNNING and h.current else "the run"
-            reason = f"job {shown_job} ended ({slurm}) and {where} recorded no end: its batch script died with it (see {batch_log})"
-    elif h.position in (history.CONTINUED, history.SUBMITTED):
-        if info is not None and info.state == "PENDING":
-            value = CONTINUED if h.position == history.CONTINUED else PENDING
-            why = info.reason or "no reason given"
-            reason = (f"continues as job {shown_job}, pending ({why})" if value == CONTINUED
-                      else f"Slurm's reason: {why}{_REASONS.get(why.split(',')[0], '')}")
-        elif info is not None:
-            value, reason = STARTING, f"job {shown_job} is {info.state}: the batch script starts the next attempt"
-        else:
-            value = CONTINUED if h.position == history.CONTINUED else PENDING
-            reason = reason or "waiting for the scheduler"
-    elif h.position in (history.RESTARTING, history.ENDED):
-        value = STOPPING if h.position == history.ENDED and exit_code == ExitCode.SCRIPT_ERROR else RESTARTING
-        number = h.current.number if h.current else "?"
-        reason = reason or f"attempt {number} ended with exit {exit_code}: deciding how to go on"
-    else:  # running
-        given = verdictfile.read(run.attempt(h.current.number)) if h.current else None
-        if given is not None and not given.ok and given.code == ExitCode.SCRIPT_ERROR:  # restarts nothing (recovery.py)
-            value, reason = STOPPING, f"{given.message}: stopping the ranks, then the run"
-        elif given is not None and not given.ok and given.code != ExitCode.CANCELLED:  # a cancel restarts nothing
-            value, reason = RESTARTING, f"{given.message}: stopping the ranks"
-        elif current is not None and (run.attempt(current.attempt) / layout.METRICS).exists():
-            value, reason = TRAINING, ""
-        else:
-            value, reason = STARTING, f"attempt {h.current.number if h.current else '?'}: preflight and rendezvous"
-        if h.signal:
-            reason = f"{h.signal} received: saving a checkpoint and stopping"
+    running = h.position == history.RUNNING and h.current is not None  # only then do the attempt's files count
+    given = verdictfile.read(run.attempt(h.current.number)) if running and h.current else None
+    trains = running and current is not None and (run.attempt(current.attempt) / layout.METRICS).exists()
+    value, reason, exit_code, cancelled_by = classify(h, info, h.job in asked, given, trains)
+    if cancelled_by and current is not None and current.end is None:  # KillWait ended its batch script before it
+        current.exit_code, current.meaning, current.cancelled_by = exit_code, reason, cancelled_by  # recorded the end
 
     keep_all = value in (TRAINING, COMPLETED, STARTING)
     latest = _steps(run, attempts, keep_all, committed)
@@ -386,6 +328,78 @@ def _derive(
         startup_gpu_hours=hours(split.startup),
         other_gpu_hours=hours(split.other),
     )
+
+
+def classify(h: History, info: JobInfo | None, known: bool, given: Verdict | None,
+             trains: bool) -> tuple[str, str, int | None, str]:
+    """The run's state machine (pure): (state, reason, exit code, who cancelled it where a job gone without
+    recording its end was cancelled) from the folded history, the scheduler's answer for its job (`known`: the
+    scheduler was asked), the current attempt's verdict, and whether that attempt has reported steps."""
+    reason, exit_code = h.reason, h.exit_code
+    job_gone = known and (info is None or info.finished)
+    shown_job = jobid.display(h.job, h.backend)
+    batch_log = layout.BATCH_LOG.format(job=h.job)
+    cancelled_by = ""
+
+    if h.submission == "failed" and not h.attempts:
+        value, reason = FAILED, h.submission_reason or "submission failed"
+        exit_code = h.submission_exit
+    elif h.dry_run:
+        value, reason = DRY_RUN, "not submitted (a dry run): clusterctl requeue submits it"
+    elif h.stopped:
+        if h.cancelled_by or exit_code == ExitCode.CANCELLED:  # a cancelled run has one code, whatever its ranks exited with
+            value, exit_code = CANCELLED, int(ExitCode.CANCELLED)
+            who = f"cancelled by {h.cancelled_by}" if h.cancelled_by else "cancelled"
+            reason = who + (f" ({reason})" if reason and not reason.startswith("stopped") else "")
+        elif exit_code == 0:
+            value = COMPLETED
+        elif exit_code == ExitCode.PRE_TIMEOUT:
+            value = CANCELLED
+            reason = f"stopped at the time limit or preemption with a checkpoint committed ({reason}); clusterctl requeue continues it"
+        else:
+            value = FAILED
+    elif job_gone or (info is not None and info.finished):
+        slurm = f"{info.state}" if info is not None else "forgotten by the scheduler"
+        if h.cancelled_by or exit_code == ExitCode.CANCELLED or (info is not None and info.state.startswith("CANCELLED")):
+            value, exit_code = CANCELLED, int(ExitCode.CANCELLED)
+            who = h.cancelled_by or history.SCANCEL
+            reason, cancelled_by = f"cancelled by {who}", who
+        elif h.position == history.ENDED:  # the attempt's end is recorded; the decision after it never was
+            value = COMPLETED if exit_code == 0 else FAILED
+            reason = (f"attempt {h.current.number if h.current else '?'} ended with exit {exit_code} ({reason or meaning(exit_code)}),"
+                      f" then job {shown_job} ended ({slurm}) before the run's next step was decided (see {batch_log})")
+        else:
+            value = FAILED
+            where = f"attempt {h.current.number}" if h.position == history.RUNNING and h.current else "the run"
+            reason = f"job {shown_job} ended ({slurm}) and {where} recorded no end: its batch script died with it (see {batch_log})"
+    elif h.position in (history.CONTINUED, history.SUBMITTED):
+        if info is not None and info.state == "PENDING":
+            value = CONTINUED if h.position == history.CONTINUED else PENDING
+            why = info.reason or "no reason given"
+            reason = (f"continues as job {shown_job}, pending ({why})" if value == CONTINUED
+                      else f"Slurm's reason: {why}{_REASONS.get(why.split(',')[0], '')}")
+        elif info is not None:
+            value, reason = STARTING, f"job {shown_job} is {info.state}: the batch script starts the next attempt"
+        else:
+            value = CONTINUED if h.position == history.CONTINUED else PENDING
+            reason = reason or "waiting for the scheduler"
+    elif h.position in (history.RESTARTING, history.ENDED):
+        value = STOPPING if h.position == history.ENDED and exit_code == ExitCode.SCRIPT_ERROR else RESTARTING
+        number = h.current.number if h.current else "?"
+        reason = reason or f"attempt {number} ended with exit {exit_code}: deciding how to go on"
+    else:  # running
+        if given is not None and not given.ok and given.code == ExitCode.SCRIPT_ERROR:  # restarts nothing (recovery.py)
+            value, reason = STOPPING, f"{given.message}: stopping the ranks, then the run"
+        elif given is not None and not given.ok and given.code != ExitCode.CANCELLED:  # a cancel restarts nothing
+            value, reason = RESTARTING, f"{given.message}: stopping the ranks"
+        elif trains:
+            value, reason = TRAINING, ""
+        else:
+            value, reason = STARTING, f"attempt {h.current.number if h.current else '?'}: preflight and rendezvous"
+        if h.signal:
+            reason = f"{h.signal} received: saving a checkpoint and stopping"
+
+    return value, reason, exit_code, cancelled_by
 
 
 def _submitted(run: RunDir) -> float | None:
