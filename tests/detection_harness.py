@@ -29,7 +29,7 @@ from clusterctl.backends.local import BIN_DIR
 from clusterctl.rundir.runjson import WatchdogRecord as Settings
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller.response import Response
-from clusterctl.runtime.controller.verdicts import VerdictKeeper
+from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.controller.watchserver import WatchServer
 from clusterctl.trainer.busy import calibrate

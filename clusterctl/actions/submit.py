@@ -4,7 +4,7 @@ A dry run follows the same path and stops before the backend, so what it
 leaves on disk is exactly what a submission would submit. The suspect nodes
 of the runs root (nodes a recent verdict blamed) are read here, at the edge,
 before the job is planned (once): the planner decides which to leave out
-(plan/suspects.py), so planning and rendering stay pure.
+(plan/avoidance.py), so planning and rendering stay pure.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from clusterctl.backends import Backend, get_backend
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.plan.commandcheck import PYTHON_ENV, CommandCheck, Where, check_command
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
-from clusterctl.plan.suspects import SuspectChoice
+from clusterctl.plan.avoidance import SuspectChoice
 from clusterctl.render.runfiles import create_run, node_python, shipped_root
 from clusterctl.rundir import RunDir, access, ownership, roots, runjson, secretenv, suspects
 from clusterctl.rundir.suspects import Suspect

@@ -22,7 +22,7 @@ from clusterctl.cli.remote_opts import RemoteOpt, remote_target
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job, read_job
-from clusterctl.plan.suspects import SuspectChoice
+from clusterctl.plan.avoidance import SuspectChoice
 from clusterctl.remote.submit import login_of, submit_remote
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.units import format_duration

@@ -18,7 +18,7 @@ from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.segments import BOUND, Segments, bound_kinds, plan_segments
-from clusterctl.plan.suspects import SuspectChoice, choose_suspects, excluding
+from clusterctl.plan.avoidance import SuspectChoice, choose_suspects, excluding
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
 from clusterctl.rundir import secretenv
 from clusterctl.rundir.suspects import Suspect
@@ -125,7 +125,7 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
     """Resolve and check a job against a site; raise ConfigError listing every problem.
 
     `suspects` are the active suspect nodes read at the edge (the runs root's, or a login node's): those of the
-    job's partition that it can do without join topology.exclude (plan/suspects.py), and the plan says which.
+    job's partition that it can do without join topology.exclude (plan/avoidance.py), and the plan says which.
     """
     problems: list[Problem] = []
     warnings: list[str] = []

@@ -22,7 +22,7 @@ from clusterctl.actions.submit import default_backend, refuse_missing_secrets
 from clusterctl.errors import ClusterctlError, ConfigError, Problem
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.job import JobConfig, PlannedJob, plan_job
-from clusterctl.plan.suspects import SuspectChoice
+from clusterctl.plan.avoidance import SuspectChoice
 from clusterctl.remote.client import Remote, connect
 from clusterctl.render.runfiles import stage_run
 from clusterctl.rundir import roots, secretenv

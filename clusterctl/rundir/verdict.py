@@ -123,5 +123,5 @@ def read(attempt_dir: Path) -> Verdict | None:
 
 
 def write(attempt_dir: Path, verdict: Verdict) -> None:
-    """The one writer of verdict.json (called by runtime/controller/verdicts.py, the attempt's one verdict keeper)."""
+    """The one writer of verdict.json (called by runtime/controller/keeper.py, the attempt's one verdict keeper)."""
     write_json_atomic(path(attempt_dir), verdict.as_dict())

@@ -9,7 +9,7 @@ group uses it — until the batch script says the ranks are done (SIGHUP),
 and exits with the attempt's verdict code. SIGTERM (or SIGINT) comes from
 outside instead: scancel, `clusterctl cancel`, the time limit stop every
 process of the job at once, so the ranks that die then are not to blame and
-no blame follows (runtime/controller/verdicts.py). A cancel (cancel.json, or Slurm
+no blame follows (runtime/controller/keeper.py). A cancel (cancel.json, or Slurm
 cancelling the job) is the attempt's verdict: 89, naming no culprit. Slurm's
 own stop (the time limit, a preemption, a requeue) gives 85, as a requested
 stop does: the recovery step goes on in a new job or lets Slurm's requeue
@@ -61,7 +61,7 @@ from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller import admission, collect, filelimit, storeport
 from clusterctl.runtime.controller.blame import parse_srun_lines, stopped_on_request
 from clusterctl.runtime.controller.response import Response
-from clusterctl.runtime.controller.verdicts import VerdictKeeper
+from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.controller.watchserver import WatchServer
 from clusterctl.runtime.wire import registration, stacks, storeseal

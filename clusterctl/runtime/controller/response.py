@@ -18,7 +18,7 @@ from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller.blame import OOM, blame_end, node_failures, parse_srun_lines
-from clusterctl.runtime.controller.verdicts import VerdictKeeper
+from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.controller.watchserver import WatchServer
 

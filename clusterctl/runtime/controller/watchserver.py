@@ -7,7 +7,7 @@ feeds the watchdog, appends what it learns to attempt-N/timeline.jsonl
 (rundir/timeline.py has the records) and, once armed (the rendezvous
 passed), asks the watchdog a few times a second whether a verdict is due.
 The first finding goes to the controller's callback, once; the controller
-records it (runtime/controller/verdicts.py) and acts on it through `send_all`.
+records it (runtime/controller/keeper.py) and acts on it through `send_all`.
 
 Whoever can reach the port cannot make the controller hold much or wait:
 before its hello a connection may send PRE_HELLO_BYTES and take

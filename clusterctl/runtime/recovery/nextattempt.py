@@ -35,7 +35,7 @@ from clusterctl.exitcodes import ExitCode, meaning
 from clusterctl.rundir import RunDir, history, runjson
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, Verdict
-from clusterctl.runtime.controller.verdicts import VerdictKeeper
+from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.recovery.policy import (
     Decision,
     Ended,
