@@ -6,7 +6,7 @@ and the batch log must say it. Faults are injected by
 tests/programs/faults/sitecustomize.py. The rest of the controller's judgment
 (a stale token, a wrong world size or node, another torch) is the same
 whatever the ranks are: test_controller drives a real controller and store
-with every one of them, test_registry each rule.
+with every one of them, test_admission each rule.
 """
 
 from __future__ import annotations
