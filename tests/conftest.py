@@ -85,7 +85,7 @@ def _no_local_jobs_left_behind(request: pytest.FixtureRequest) -> Iterator[None]
 PROCESS_HINTS = (
     "subprocess", "Popen", "multiprocessing", "os.fork", "mp.spawn", "submit_job(", "run_job(", "slurm_lab",
     "ssh_lab", "CLUSTERCTL_LOCAL_STATE", '"submit"', "crashdrill", "detection_harness", "LocalBackend", "fork_ranks",
-    "sys.executable", "--probe", "fake_sbatch", "from test_",
+    "sys.executable", "--probe", "fake_sbatch", "from test_", "squeue",
 )
 SAFE_FIXTURES = {  # pytest's own, and the autouse ones of this file: every other fixture from outside the module counts
     "tmp_path", "tmp_path_factory", "tmpdir", "tmpdir_factory", "monkeypatch", "capsys", "capsysbinary", "capfd",
