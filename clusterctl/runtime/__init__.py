@@ -14,13 +14,14 @@ directories rendered before the rooms (their batch scripts name those
 modules); nothing new imports them.
 """
 
-import importlib
-import runpy
-import sys
-
 
 def alias(old: str, new: str) -> None:
-    """Make module `old` the module `new`: imported, it is `new`; run with `python -m`, it runs `new`."""
+    """Make module `old` the module `new`: imported, it is `new`; run with `python -m`, it runs `new`. (Imports
+    inside: every node-side module imports this package, only an alias needs them.)"""
+    import importlib
+    import runpy
+    import sys
+
     if old == "__main__":
         runpy.run_module(new, run_name="__main__", alter_sys=True)
     else:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from pathlib import Path
+
+from clusterctl.checkpoint.durable import fsync_dir
 
 MARKER_PREFIX = ".clusterctl-shared-"
 
@@ -51,7 +54,7 @@ def write_shared_marker(directory: str, token: str, replaces: Sequence[str] = ()
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(directory)
+    fsync_dir(Path(directory))
     for old in set(replaces):
         if old != mine and _name_ok(old):
             try:
@@ -63,13 +66,3 @@ def write_shared_marker(directory: str, token: str, replaces: Sequence[str] = ()
 
 def _name_ok(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
-
-
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
