@@ -210,8 +210,9 @@ def refuse_missing_secrets(job: PlannedJob | JobConfig) -> None:
 
 
 def submit_rendered(run: RunDir, backend: Backend, workdir: Path, options: list[str] | None = None) -> Submitted:
-    """Hand a complete run directory's batch script to the backend; state.json says how it went. Every submission
-    comes here (submit, requeue, a laptop's run on its login node), so the run's places are checked here too."""
+    """Hand a complete run directory's batch script to the backend; state.json says how it went. Submit, the
+    submitit executor and a laptop's run on its login node come here, so the run's places are checked here;
+    `requeue` holds the run to the same check (refuse_untrusted_run) before it stops the jobs it replaces."""
     name = backend.name
     try:
         refuse_untrusted_run(run)
