@@ -33,6 +33,11 @@ class ExitCode(IntEnum):
     DO_NOT_REQUEUE = 93
 
 
+# The codes of ours an attempt's processes pass on as they are (verdicts, and the reserved 93); any other exit of srun
+# or of the controller is no verdict (srun's 137 after a cancel, a controller killed with a warm server's step).
+PASSTHROUGH = frozenset(c for c in ExitCode if 80 <= c <= 89 or c == ExitCode.DO_NOT_REQUEUE)
+
+
 # Meaning, and what each code does to the run (runtime/recovery/policy.py), as documented in the
 # documentation's exit-codes page (generated from this table: clusterctl/docsgen/codes.py).
 DESCRIPTIONS: dict[ExitCode, tuple[str, str]] = {

@@ -17,7 +17,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "clusterctl"
 
 LAYERS: list[set[str]] = [
-    {"exitcodes", "envnames", "errors", "__init__"},
+    {"exitcodes", "envnames", "errors", "procfs", "__init__"},
     {"syntax", "rundir"},
     {"checkpoint", "config"},
     {"plan"},
@@ -179,7 +179,6 @@ def test_the_folders_import_graph_is_acyclic() -> None:
 # The runtime's rooms, one per process, meet through the wire; these are the only other crossings, each for a reason.
 ROOMS = ("rank", "controller", "node", "recovery", "wire")
 ROOM_CROSSINGS = {
-    ("controller", "runtime.recovery.nextattempt"): "a job stopped from outside: how Slurm ends it, the batch host's to read",
     ("recovery", "runtime.controller.keeper"): "a cancel's verdict where the controller was killed first: the one keeper",
     ("rank", "runtime.controller.straggler"): "the compute check judges by the one straggler rule (pure)",
     ("node", "runtime.rank.preflight"): "GPU samples decode throttle reasons as the gpu check does",

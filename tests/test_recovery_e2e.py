@@ -239,6 +239,34 @@ def test_a_lost_node_without_a_spare_continues_in_a_new_job_that_excludes_it(bac
     assert status(run)["state"] == "cancelled"
 
 
+def test_restart_mode_requeue_reruns_the_same_job_without_the_culprits_node(backend: str, tmp_path: Path) -> None:
+    """restart.mode requeue: the recovery step requeues its own job (the batch host's Slurm client: scontrol requeue,
+    then the run's avoided nodes as its ExcNodeList) and the batch shell only exits. The job keeps its id and comes
+    back on a node other than the hung rank's, resuming after the committed step."""
+    if backend == "local":
+        pytest.skip("the requeue is the batch host's recovery step, the same on both: run on the test cluster (the local"
+                    " shims' requeue from inside a job: test_localslurm_recovery's)")
+    done = submit(backend, tmp_path, "rec-requeue", steps=400, restart={"mode": "requeue", "in_allocation": False},
+                  watchdog={"hang_timeout": "20s", "save_timeout": "15s"})  # the stop may come during a save
+    run = done.run
+    past_a_checkpoint(run)
+    report = drill(run, "--hang", "1")
+    assert report["code"] == ExitCode.HANG and report["culprit_right"]
+    culprit = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"][1]
+    step = wait_for("the requeue", lambda: nexts(run), run=run)[0]
+    assert (step["how"], step["exclude"], step["counted"]) == (history.NEXT_REQUEUE, [culprit], True), step
+    wait_for("attempt 2", lambda: (run.attempt(2) / rundir.ATTEMPT_JSON).exists(), timeout=180, run=run)
+    second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
+    assert second["job_id"] == done.job_id and culprit not in second["hosts"], second
+    assert first_step(run, 2) == step["committed_step"] + 1
+    info = get_backend(backend).info(done.job_id)
+    assert info is not None and info.requeue_count == 1 and info.state == "RUNNING", info
+    log = (run.path / f"slurm-{done.job_id}.out").read_text()
+    assert f"requeueing job {done.job_id} without {culprit}" in log and "scontrol" not in log, log
+    assert cli("cancel", str(run.path)).exit_code == 0
+    nothing_left(backend, run)
+
+
 def test_a_pre_timeout_stop_continues_uncounted_and_the_job_is_not_failed(backend: str, tmp_path: Path) -> None:
     """The batch shell traps the signal, the controller sets the stop flag, the ranks save and commit at their next
     step; the continuation resumes there, and its 4 ranks' losses are bitwise those of a run never stopped."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from clusterctl.backends.base import JobInfo
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import history
 from clusterctl.rundir.history import Fault
@@ -151,7 +152,7 @@ def test_begin_records_the_end_of_an_attempt_whose_batch_host_died(tmp_path, cap
     (tmp_path / "run.json").write_text('{"exclude": ["n4"], "restart": {"budget": 3}}')
     history.append(run, "start", attempt=1, job_id="5")
     history.append(run, "next", attempt=0, job_id="5", how="allocation", exclude=["n4", "n2"], counted=True, exit=82)
-    monkeypatch.setattr(nextattempt, "slurm_job", lambda job: {"JobState": "NODE_FAIL", "Reason": "None"} if job == "5" else {})
+    monkeypatch.setattr(nextattempt.batchhost, "job", lambda job: JobInfo("5", "NODE_FAIL") if job == "5" else None)
     monkeypatch.setenv("SLURM_JOB_ID", "6")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-4]")
     assert nextattempt.main(["begin", "--run-dir", str(tmp_path), "--nodes", "2"]) == 0
@@ -159,7 +160,7 @@ def test_begin_records_the_end_of_an_attempt_whose_batch_host_died(tmp_path, cap
     assert "ACTION=run" in out and "NEXT_HOSTS=(n1 n3)" in out  # the run's excluded nodes are avoided
     end = [e for e in history.read_events(run.events_file) if e["event"] == "end"]
     assert end[0]["attempt"] == 1 and end[0]["exit"] is None and end[0]["slurm_state"] == "NODE_FAIL"
-    assert "job 5" in end[0]["reason"]
+    assert "job 5" in end[0]["reason"] and "(Slurm: NODE_FAIL)" in end[0]["reason"]
 
 
 def test_begin_of_a_cancelled_run_starts_nothing(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
@@ -185,7 +186,7 @@ def _after(tmp_path, monkeypatch, code: int, verdict: dict | None, slurm: str = 
     (tmp_path / "attempt-1").mkdir()
     if verdict is not None:
         (tmp_path / "attempt-1" / "verdict.json").write_text(json.dumps(verdict))
-    monkeypatch.setattr(nextattempt, "slurm_end", lambda *_: slurm)
+    monkeypatch.setattr(nextattempt.batchhost, "ending", lambda *_: slurm)
     monkeypatch.setenv("SLURM_JOB_ID", "6")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     nextattempt.main(["after", "--run-dir", str(tmp_path), "--nodes", "2", "--attempt", "1", "--code", str(code),
@@ -219,7 +220,78 @@ def test_slurms_own_stop_is_no_cancel(tmp_path, monkeypatch) -> None:  # noqa: A
     """The time limit's TERM: the controller says 85 and the run goes on; verdict.json keeps the rendezvous's word."""
     from clusterctl.runtime.recovery import nextattempt
 
-    monkeypatch.setattr(nextattempt, "submit_continuation", lambda *_: "7")
+    monkeypatch.setattr(nextattempt.batchhost, "submit_after", lambda *_: "7")
     rendezvous = {"ok": True, "code": 0, "message": "all 2 ranks registered and checked", "culprits": []}
     assert _after(tmp_path, monkeypatch, ExitCode.PRE_TIMEOUT, rendezvous, slurm="timeout")["exit"] == ExitCode.PRE_TIMEOUT
     assert json.loads((tmp_path / "attempt-1" / "verdict.json").read_text())["ok"] is True
+
+
+def test_the_controllers_exit_decides_the_attempts_code() -> None:
+    """One verdict reaches the batch script one way: the recovery step takes the controller's exit, else the failing
+    verdict.json a killed controller left, else srun's (the batch script's mapping of srun's exit)."""
+    from clusterctl.rundir.verdict import Verdict
+    from clusterctl.runtime.recovery.nextattempt import attempt_code
+
+    hang = Verdict(False, int(ExitCode.HANG), "rank 1 on n2 hung", [{"rank": 1, "host": "n2"}])
+    assert attempt_code(ExitCode.SCRIPT_FAILED, 0, None) == (0, "")  # srun's 137 after a stop is no failure
+    assert attempt_code(ExitCode.SCRIPT_FAILED, ExitCode.STRAGGLER, hang) == (ExitCode.STRAGGLER, "")
+    code, source = attempt_code(ExitCode.SCRIPT_FAILED, 137, hang)
+    assert code == ExitCode.HANG and source.startswith("its verdict.json") and "137" in source
+    assert attempt_code(ExitCode.SCRIPT_FAILED, 137, Verdict(True, 0, "all ranks registered"))[0] == ExitCode.SCRIPT_FAILED
+    assert attempt_code(ExitCode.NODE_LOST, None, hang) == (ExitCode.NODE_LOST, "")  # an older script's own code stands
+
+
+def test_the_recovery_step_logs_the_attempts_end_with_the_controllers_code(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    from clusterctl.runtime.recovery import nextattempt
+
+    (tmp_path / "run.json").write_text('{"restart": {"budget": 0}}')
+    (tmp_path / "attempt-1").mkdir()
+    (tmp_path / "attempt-1" / "verdict.json").write_text(json.dumps(
+        {"ok": False, "code": 82, "message": "rank 1 on n2 hung", "culprits": [{"rank": 1, "host": "n2"}]}))
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    nextattempt.main(["after", "--run-dir", str(tmp_path), "--nodes", "2", "--attempt", "1", "--code", "84",
+                      "--controller-exit", "137", "--srun-exit", "137"])
+    captured = capsys.readouterr()
+    assert "attempt 1 ended: srun exit 137, exit 82 (from its verdict.json: the controller exited with 137" in captured.err
+    assert "EXIT=87" in captured.out  # budget 0: the hang stops the run
+    end = next(e for e in history.read_events(tmp_path / "attempts.jsonl") if e["event"] == "end")
+    assert (end["exit"], end["srun_exit"], end["verdict"]) == (ExitCode.BUDGET_EXHAUSTED, 137, "rank 1 on n2 hung")
+
+
+def _requeue_run(tmp_path, monkeypatch, requeue) -> list[dict]:  # noqa: ANN001
+    """Attempt 1 of a restart.mode requeue run hung on n2 with no spare: the step requeues through `requeue`."""
+    from clusterctl.runtime.recovery import nextattempt
+
+    (tmp_path / "run.json").write_text('{"restart": {"mode": "requeue", "budget": 3, "in_allocation": false}}')
+    (tmp_path / "attempt-1").mkdir()
+    (tmp_path / "attempt-1" / "verdict.json").write_text(json.dumps(
+        {"ok": False, "code": 82, "message": "rank 1 on n2 hung", "culprits": [{"rank": 1, "host": "n2"}]}))
+    monkeypatch.setattr(nextattempt.batchhost, "requeue_self", requeue)
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    nextattempt.main(["after", "--run-dir", str(tmp_path), "--nodes", "2", "--attempt", "1", "--code", "84",
+                      "--controller-exit", "82", "--srun-exit", "137"])
+    return [e for e in history.read_events(tmp_path / "attempts.jsonl") if e["event"] == "next"]
+
+
+def test_a_requeue_is_carried_out_by_the_recovery_step_and_the_shell_only_exits(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    asked: list[tuple[str, list[str]]] = []
+    nexts = _requeue_run(tmp_path, monkeypatch, lambda job, exclude: asked.append((job, exclude)) or "")
+    out = capsys.readouterr().out
+    assert asked == [("6", ["n2"])] and "ACTION=exit" in out and "EXIT=82" in out
+    assert [(n["how"], n["exit"], n["culprit_hosts"]) for n in nexts] == [("requeue", 82, ["n2"])]
+
+
+def test_a_requeue_slurm_refuses_stops_the_run_and_says_why(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    from clusterctl.errors import ClusterctlError
+
+    def refused(job_id: str, exclude: list[str]) -> str:
+        raise ClusterctlError(f"scontrol requeue {job_id} failed: Requeue of job disabled", ExitCode.BACKEND_UNAVAILABLE)
+
+    nexts = _requeue_run(tmp_path, monkeypatch, refused)
+    captured = capsys.readouterr()
+    assert "ACTION=exit" in captured.out and "EXIT=82" in captured.out
+    assert [n["how"] for n in nexts] == ["stop"]
+    assert "requeue failed: scontrol requeue 6 failed: Requeue of job disabled" in nexts[0]["reason"]
+    assert "requeue failed" in captured.err

@@ -51,7 +51,7 @@ import time
 from typing import Any
 
 from clusterctl import envnames
-from clusterctl.runtime.node.procfs import process_state
+from clusterctl.procfs import process_state
 
 EXIT_REFUSED = 1
 

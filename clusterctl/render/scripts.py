@@ -22,7 +22,7 @@ import jinja2
 from clusterctl import envnames, rundir
 from clusterctl.config.shipped import shipped_dir
 from clusterctl.errors import ConfigError, Problem
-from clusterctl.exitcodes import ExitCode
+from clusterctl.exitcodes import PASSTHROUGH, ExitCode
 from clusterctl.plan import Plan
 from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
 from clusterctl.render.container import apptainer_flags, pyxis_flags, rank_env_names, task_vars
@@ -50,7 +50,6 @@ SBATCH_TEMPLATE = "job.sbatch.j2"
 WRAPPER_TEMPLATE = "wrapper.sh.j2"
 # #SBATCH lines are not shell: sbatch reads them itself, so paths there must be plain.
 SBATCH_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+@:=,-]*$")
-PASSTHROUGH = [c for c in ExitCode if 80 <= c <= 89 or c == ExitCode.DO_NOT_REQUEUE]
 VERDICT_GRACE_S = 15  # srun may outlive a verdict this long (tasks on a lost node) before the batch script stops it
 
 
@@ -235,7 +234,7 @@ def render_run(
         "srun_log": rundir.SRUN_LOG,
         "verdict_json": rundir.VERDICT,
         "verdict_grace_s": VERDICT_GRACE_S,
-        "passthrough_codes": [int(c) for c in PASSTHROUGH],
+        "passthrough_codes": sorted(int(c) for c in PASSTHROUGH),
         "fnv_offset": FNV_OFFSET,
         "fnv_prime": FNV_PRIME,
         "attempts_file": rundir.ATTEMPTS,

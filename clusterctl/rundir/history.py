@@ -194,6 +194,11 @@ class History:
         """Every node the run avoids now: the spec's, then all that later decisions added."""
         return list(dict.fromkeys([*spec_exclude, *self.exclude]))
 
+    @property
+    def cancel_by(self) -> str:
+        """Who asked the whole run to stop (cancel.json), or "" while no cancel is in force."""
+        return asker(self.cancel_asked)
+
     def open_attempts(self) -> list[AttemptHistory]:
         """Attempts that started and never recorded an end (their batch script died with them)."""
         return [a for a in self.attempts if a.start is not None and a.exit_code is None and a.end is None]
@@ -331,6 +336,17 @@ def fold(
     h.jobs = list(dict.fromkeys(jobs))
     h.faults = tuple(faults)
     return h
+
+
+def asker(cancel: dict[str, Any] | None) -> str:
+    """cancel.json's `by` (written by `clusterctl cancel`, held by `requeue`), or "" where no cancel is in force."""
+    return str(cancel.get("by") or "clusterctl cancel") if cancel is not None else ""
+
+
+def cancel_asked_by(run: layout.RunDir) -> str:
+    """Who asked the run to stop, from cancel.json alone: asked again just before a decision is carried out (the
+    cancel may have come meanwhile) and where a process needs no more of the history than that."""
+    return asker(read_json(run.path / layout.CANCEL))
 
 
 def read(run: layout.RunDir, standalone: bool | None = None) -> History:

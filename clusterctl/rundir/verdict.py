@@ -18,8 +18,10 @@ did), with evidence. Keys (kept; keys may be added, never renamed):
     evidence   what the verdict was decided from (stacks, samples, srun's lines, ...)
     time       when it was given (seconds since the epoch)
 
-The batch script reads the file too, with grep: `"ok": false` must stay
-exactly as written here (indent 1, sorted keys: jsonio.write_json_atomic).
+The batch script looks into the file for one thing only, with grep: whether
+a failing verdict has been given, to give srun its grace (`"ok": false` must
+stay exactly as written here: indent 1, sorted keys, jsonio.write_json_atomic).
+The attempt's code reaches it from the recovery step, which reads the file.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir.history import SCANCEL
 from clusterctl.rundir.jsonio import read_json, write_json_atomic
 from clusterctl.rundir.layout import VERDICT
 
@@ -110,6 +113,25 @@ class Verdict:
         """The culprits' nodes, primary first, each once; not those named only where they are (`exclude: false`,
         e.g. an NVLink group split across racks: the nodes are healthy)."""
         return list(dict.fromkeys(str(c["host"]) for c in self.culprits if c.get("host") and c.get("exclude", True)))
+
+
+# Slurm's own stops from outside (backends/slurm/batchhost.ending): no cancel, and the run goes on (85).
+SLURM_STOPS: dict[str, str] = {
+    "timeout": "Slurm stopped the job at its time limit",
+    "preempted": "Slurm preempted the job",
+    "requeued": "Slurm requeued the job",
+    "running": "the job was stopped from outside while Slurm still runs it (a preemption's warning, say)",
+}
+
+
+def stopped_from_outside(end: str, cancelled_by: str, when: str = "") -> Verdict:
+    """The verdict of an attempt stopped from outside, naming no node: a cancel (89, by `cancelled_by`, or Slurm's
+    scancel when `end` is "cancelled") or one of Slurm's own stops (85, SLURM_STOPS). The controller gives it; the
+    recovery step records a cancel's where the controller was killed first (a warm server's step ends with the job)."""
+    if cancelled_by or end == "cancelled":
+        return Verdict(False, int(ExitCode.CANCELLED),
+                       f"cancelled by {cancelled_by or SCANCEL}: the job was stopped from outside{when}; no node is blamed")
+    return Verdict(False, int(ExitCode.PRE_TIMEOUT), f"{SLURM_STOPS.get(end, SLURM_STOPS['running'])}{when}; no node is blamed")
 
 
 def path(attempt_dir: Path) -> Path:

@@ -108,6 +108,8 @@ class LocalBackend(Backend):
             reason=state.get("reason", ""),
             nodes=compress(state.get("nodes") or []),
             exit_code=int(state.get("exit_code", [0, 0])[0]),
+            requeue_count=int(state.get("restarts", 0)),
+            batch_host=str(state.get("batch_host") or "") if state.get("nodes") else "",
         )
 
     def cancel(self, job_id: str) -> None:

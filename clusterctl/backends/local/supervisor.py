@@ -55,7 +55,7 @@ from clusterctl.backends.local import (
 from clusterctl.backends.local.batchopts import Request, expand_pattern
 from clusterctl.backends.local.formats import counts_text, even_split, timestamp
 from clusterctl.backends.local.records import FINISHED, JobRecord, down_nodes, proc_stat
-from clusterctl.runtime.node.procfs import exited_children
+from clusterctl.procfs import exited_children
 from clusterctl.syntax.hostlist import compress
 
 TICK = 0.05

@@ -14,7 +14,15 @@ from dataclasses import replace
 
 from clusterctl.backends.base import JobInfo
 from clusterctl.backends.slurm.commands import failure_code, run, slurm_reason
-from clusterctl.backends.slurm.query import NodeInfo, SchedulerQuery, node_reason, node_state, signal_number, text, wait_status
+from clusterctl.backends.slurm.query import (
+    NodeInfo,
+    SchedulerQuery,
+    node_reason,
+    node_state,
+    signal_number,
+    text,
+    wait_status,
+)
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 
@@ -122,7 +130,8 @@ def parse_scontrol_node(line: str) -> NodeInfo:
 
 
 def parse_scontrol_job(text_: str) -> JobInfo | None:
-    """One `scontrol show job -o` line into a JobInfo: the local backend's scontrol shim is checked against it."""
+    """One `scontrol show job -o` line into a JobInfo: what the batch host asks (batchhost.job), and what the local
+    backend's scontrol shim is checked against. Reasons keep scontrol's underscores."""
     line = text_.strip().splitlines()[0] if text_.strip() else ""
     fields = dict(_FIELD.findall(line))
     if "JobId" not in fields:
@@ -130,11 +139,13 @@ def parse_scontrol_job(text_: str) -> JobInfo | None:
     exit_code = None
     if ":" in fields.get("ExitCode", ""):
         exit_code = int(fields["ExitCode"].split(":")[0])
-    nodes = fields.get("NodeList", "")
+    restarts = fields.get("Restarts", "")
     return JobInfo(
         job_id=fields["JobId"],
         state=fields.get("JobState", "UNKNOWN"),
-        reason=fields.get("Reason", ""),
-        nodes="" if nodes == "(null)" else nodes,
+        reason=text(fields.get("Reason")),
+        nodes=text(fields.get("NodeList")),
         exit_code=exit_code,
+        requeue_count=int(restarts) if restarts.isdigit() else 0,
+        batch_host=text(fields.get("BatchHost")),
     )

@@ -24,9 +24,10 @@ UNREACHABLE = re.compile(
 
 
 def run(args: list[str], cwd: Path | None = None, umask: int | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        env: dict[str, str] | None = None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run one Slurm client command; raise exit 69 when it is missing or does not answer in time. `umask`: the
-    command's (sbatch hands its umask to the job: Slurm creates the job's output file with it)."""
+    command's (sbatch hands its umask to the job: Slurm creates the job's output file with it). Standard library
+    only: the batch host runs its calls through here too (batchhost.py)."""
     if shutil.which(args[0]) is None:
         raise ClusterctlError(
             f"{args[0]} is not on PATH: this machine is not a Slurm login node"
@@ -34,11 +35,13 @@ def run(args: list[str], cwd: Path | None = None, umask: int | None = None,
             ExitCode.BACKEND_UNAVAILABLE,
         )
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=cwd, check=False,
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False,
                               umask=-1 if umask is None else umask, env=env)
+    except OSError as exc:
+        raise ClusterctlError(f"{args[0]} could not be run: {exc.strerror or exc}", ExitCode.BACKEND_UNAVAILABLE) from None
     except subprocess.TimeoutExpired:
         raise ClusterctlError(
-            f"{args[0]} did not answer within {TIMEOUT_S} s: the Slurm controller is unreachable or overloaded",
+            f"{args[0]} did not answer within {timeout:g} s: the Slurm controller is unreachable or overloaded",
             ExitCode.BACKEND_UNAVAILABLE,
         ) from None
 

@@ -56,12 +56,13 @@ from typing import Any, Iterator
 from clusterctl import envnames, rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
-from clusterctl.rundir import phasetimes, rankmanifest, runjson, write_json_atomic
+from clusterctl.rundir import history, phasetimes, rankmanifest, runjson, write_json_atomic
+from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller import admission, collect, filelimit, storeport
 from clusterctl.runtime.controller.blame import parse_srun_lines, stopped_on_request
-from clusterctl.runtime.controller.response import Response
 from clusterctl.runtime.controller.keeper import VerdictKeeper
+from clusterctl.runtime.controller.response import Response
 from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.controller.watchserver import WatchServer
 from clusterctl.runtime.wire import registration, stacks, storeseal
@@ -358,13 +359,12 @@ class Controller:
     def outside_stop(self, when: str = "") -> Verdict:
         """The stop from outside, naming no culprit: a cancel (89: cancel.json, or Slurm asked as the recovery step
         asks it, so verdict and history agree) or Slurm's own (85: time limit, preemption, requeue; the run goes on)."""
-        from clusterctl.runtime.recovery import nextattempt  # noqa: PLC0415 - only a job stopped from outside needs it
+        from clusterctl.backends.slurm import batchhost  # noqa: PLC0415 - only a job stopped from outside asks Slurm
 
-        who = nextattempt.cancelled_by(rundir.RunDir(self.run_dir))
-        end = "cancelled" if who else nextattempt.slurm_end(os.environ.get("SLURM_JOB_ID", ""), True, dict(os.environ))
-        if end == "cancelled":
-            return nextattempt.cancel_verdict(who, when)
-        return Verdict(False, int(ExitCode.PRE_TIMEOUT), f"{nextattempt.SLURM_STOPS[end]}{when}; no node is blamed")
+        who = history.cancel_asked_by(rundir.RunDir(self.run_dir))
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        end = "cancelled" if who else batchhost.ending(job_id, batchhost.restart_count(dict(os.environ))) if job_id else "running"
+        return verdictfile.stopped_from_outside(end, who, when)
 
     def write_manifest(self, records: dict[int, dict]) -> None:
         """manifest.json, one rank per line (clusterctl/rundir/rankmanifest.py): each judged rank's stored record plus its groups.

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl import envnames, rundir
+from clusterctl.procfs import process_state
 from clusterctl.runtime.node import leftovers
 from clusterctl.runtime.node.gpusample import GpuSampler
-from clusterctl.runtime.node.procfs import process_state
 from clusterctl.runtime.wire import greeting
 from clusterctl.runtime.wire import heartbeat as wire
 from clusterctl.runtime.wire.heartbeat import socket_path

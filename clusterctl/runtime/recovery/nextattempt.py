@@ -2,55 +2,47 @@
 
     python -m clusterctl.runtime.recovery.nextattempt begin --run-dir D --nodes N
     python -m clusterctl.runtime.recovery.nextattempt after --run-dir D --nodes N --attempt A --code C
-                                              [--srun-exit R] [--signal SIG] [--hosts-file F]
+                                              [--controller-exit E] [--srun-exit R] [--signal SIG] [--hosts-file F]
 
 Both print shell assignments (values through shlex.quote) that the batch
-script evals: ACTION (run, restart, requeue or exit), NEXT_HOSTS (the next attempt's nodes)
-and EXIT (the batch script's own exit status). `begin` runs once per job,
-before its first attempt: it stops a cancelled run, records the end of an
-attempt whose batch host died, and picks nodes that avoid the run's culprits
-(a requeued job may land on them). `after` runs after every attempt: it
+script evals: ACTION (run, restart or exit), NEXT_HOSTS (the next attempt's
+nodes), HOSTS (the allocation's, from `begin`) and EXIT (the batch script's
+own exit status). `begin` runs once per job, before anything starts on the
+nodes: it stops a cancelled run, records the end of an attempt whose batch
+host died, and picks nodes that avoid the run's culprits (a requeued job may
+land on them). `after` runs after every attempt: it takes the attempt's code
+(the controller's exit, else its verdict.json, else srun's: attempt_code),
 records the end and how the run goes on (attempts.jsonl `next`), remembers
-culprit nodes as suspects, and submits the continuation job or requeues.
-A cancel is recorded as 89 (CANCELLED) in both, and in verdict.json where
-the controller was killed before it could say so itself.
-Standard library only, besides clusterctl itself: this runs on the batch host.
+culprit nodes as suspects, and carries the decision out: the continuation
+job or the requeue is done here, through backends/slurm/batchhost.py (the
+batch host's one Slurm client), and the shell only exits. A cancel is
+recorded as 89 (CANCELLED) in both, and in verdict.json where the
+controller was killed before it could say so itself. One decision folds the
+history once; cancel.json alone is asked again just before it is carried
+out. Standard library only, besides clusterctl itself: this runs on the
+batch host.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from clusterctl import rundir
-from clusterctl.exitcodes import ExitCode, meaning
+from clusterctl.backends.slurm import batchhost
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import PASSTHROUGH, ExitCode, meaning
 from clusterctl.rundir import RunDir, history, runjson
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, Verdict
 from clusterctl.runtime.controller.keeper import VerdictKeeper
-from clusterctl.runtime.recovery.policy import (
-    Decision,
-    Ended,
-    Policy,
-    Situation,
-    SlurmEnd,
-    decide,
-    pick_hosts,
-    place_in_domains,
-)
+from clusterctl.runtime.recovery.policy import Decision, Ended, Policy, Situation, decide, pick_hosts, place_in_domains
 from clusterctl.syntax import hostlist
-
-SLURM_TIMEOUT_S = 20.0  # one sbatch / scontrol call
-JOB_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_")
-KEEP_ENV = ("SLURM_CONF",)  # the site's configuration, not the job's
 
 
 def log(message: str) -> None:
@@ -68,58 +60,18 @@ def committed_step(run: RunDir, run_json: runjson.RunJson) -> int | None:
     return found.step if found else None
 
 
-def slurm_job(job_id: str) -> dict[str, str]:
-    """`scontrol show job -o` as key=value pairs ({} when it fails)."""
-    try:
-        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout)) if proc.returncode == 0 else {}
-
-
-def slurm_end(job_id: str, signalled: bool, env: dict[str, str]) -> SlurmEnd:
-    """How Slurm is ending the job. A requeue (preemption with PreemptMode=REQUEUE, scontrol requeue)
-    has already raised Restarts past this run's SLURM_RESTART_COUNT; a scancel leaves it and shows
-    COMPLETING (measured on Slurm 22.05); a signal while still RUNNING is the pre-timeout signal or a
-    preemption's warning."""
-    if not signalled or not job_id:
-        return "running"
-    job = slurm_job(job_id)
-    if not job:
-        return "running"
-    with contextlib.suppress(ValueError):
-        if int(job.get("Restarts", "0")) > int(env.get("SLURM_RESTART_COUNT") or 0):
-            return "requeued"
-    state = job.get("JobState", "")
-    if state == "PREEMPTED":
-        return "preempted"
-    if state == "TIMEOUT" or job.get("Reason") == "TimeLimit":
-        return "timeout"
-    if state in ("COMPLETING", "CANCELLED"):
-        return "cancelled"
-    return "running"
-
-
-# Slurm's own stops from outside (slurm_end): no cancel, the run goes on (the controller's words for them).
-SLURM_STOPS: dict[str, str] = {
-    "timeout": "Slurm stopped the job at its time limit",
-    "preempted": "Slurm preempted the job",
-    "requeued": "Slurm requeued the job",
-    "running": "the job was stopped from outside while Slurm still runs it (a preemption's warning, say)",
-}
-
-
-def cancel_verdict(who: str, when: str = "") -> Verdict:
-    """The verdict of an attempt a cancel stopped: 89, no culprit. The controller gives it; this step records it
-    where the controller was killed first (a warm process server's step ends with the job and takes it along)."""
-    return Verdict(False, int(ExitCode.CANCELLED),
-                   f"cancelled by {who or history.SCANCEL}: the job was stopped from outside{when}; no node is blamed")
-
-
-def cancelled_by(run: RunDir) -> str:
-    """Who asked the whole run to stop (cancel.json, written by `clusterctl cancel` and held by `requeue`), or ""."""
-    asked = history.read(run).cancel_asked
-    return str(asked.get("by") or "clusterctl cancel") if asked is not None else ""
+def attempt_code(srun_code: int, controller_exit: int | None, given: Verdict | None) -> tuple[int, str]:
+    """The attempt's code and where it came from. The controller's exit decides, 0 included (srun's 137 after a
+    cancel is no failure). A controller that went without a code of ours (killed with a warm server's step, say)
+    leaves its verdict.json's failing code, else srun's (`srun_code`: the batch script's mapping of srun's exit).
+    `controller_exit` None: no controller ran, or an older run directory's batch script decided the code itself."""
+    if controller_exit is None:
+        return srun_code, ""
+    if controller_exit == 0 or controller_exit in PASSTHROUGH:
+        return controller_exit, ""
+    if given is not None and not given.ok:
+        return given.code, f"its verdict.json: the controller exited with {controller_exit}, not a code of ours"
+    return srun_code, f"srun: the controller exited with {controller_exit}, not a code of ours"
 
 
 def allocation(env: dict[str, str]) -> list[str]:
@@ -139,25 +91,6 @@ def read_hosts(path: str | None) -> list[str]:
 
 
 # --- carrying it out ---------------------------------------------------------------------
-def clean_env(env: dict[str, str]) -> dict[str, str]:
-    """The job's own SLURM_*/SBATCH_* variables would leak into the new job (its node list, its id)."""
-    return {k: v for k, v in env.items() if k in KEEP_ENV or not k.startswith(JOB_ENV_PREFIXES)}
-
-
-def submit_continuation(run: RunDir, job_id: str, exclude: list[str], env: dict[str, str]) -> str:
-    """The next job of the run, submitted from this job's own working directory (the user's submit directory,
-    or its --chdir), which sbatch hands on: the ranks' relative paths mean what they meant in the first job."""
-    argv = ["sbatch", "--parsable", f"--dependency=afterany:{job_id}"]
-    if exclude:
-        argv.append(f"--exclude={hostlist.compress(exclude)}")
-    argv.append(str(run.sbatch))
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S, check=False, env=clean_env(env),
-                          cwd=os.getcwd())
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed: {(proc.stderr or proc.stdout).strip() or proc.returncode}")
-    return proc.stdout.strip().split(";")[0]
-
-
 def drilled_before(run: RunDir, told: history.History, ended: Ended) -> set[str]:
     """Nodes that only earlier attempts' `clusterctl drill` faults blamed (attempt-N/drill.json) since the run's
     last requeue by hand: healthy by construction. This attempt's culprits stay out of the next attempt, as the
@@ -248,17 +181,16 @@ def emit(**values: Any) -> None:
 def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
     run_json = runjson.read(run.path) or runjson.RunJson()
     job_id = env.get("SLURM_JOB_ID", "")
-    told = history.read(run)
-    who = str(told.cancel_asked.get("by") or "clusterctl cancel") if told.cancel_asked is not None else ""
-    if who:
+    told = history.read(run, run_json.standalone)
+    alloc = allocation(env)
+    if who := told.cancel_by:
         history.append(run, history.EVENT_NEXT, attempt=0, job_id=job_id, how=history.NEXT_STOP, exit=int(ExitCode.CANCELLED),
                        cancelled_by=who, reason=f"stopped by {who} before this job started")
         log(f"the run was stopped by {who}: not starting")
-        emit(ACTION="exit", EXIT=int(ExitCode.CANCELLED))
+        emit(ACTION="exit", EXIT=int(ExitCode.CANCELLED), HOSTS=alloc)
         return 0
     _close_open_attempt(run, told, job_id)
     exclude = told.avoided(run_json.exclude)
-    alloc = allocation(env)
     domain = runjson.host_domains(run_json)
     first = alloc[:nodes]
     if domain and run_json.segment_nodes and alloc:
@@ -271,22 +203,23 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
     if picked is None and alloc:
         bad = sorted(set(alloc) & set(exclude))
         why = f"this job's nodes include {', '.join(bad)}, which the run avoids, and too few spares are left"
-        return _carry_out(run, Decision("continue", 0, 0, why, exclude=exclude), Ended(0), 0, job_id, env, None)
+        return _carry_out(run, Decision("continue", 0, 0, why, exclude=exclude), Ended(0), 0, job_id, env, None,
+                          HOSTS=alloc)
     hosts, replaced = picked if picked else (alloc[:nodes], {})
     if replaced:
         log("avoiding " + ", ".join(f"{a} (spare {b} takes its place)" for a, b in replaced.items()))
-    emit(ACTION="run", NEXT_HOSTS=hosts)
+    emit(ACTION="run", NEXT_HOSTS=hosts, HOSTS=alloc)
     return 0
 
 
 def _close_open_attempt(run: RunDir, told: history.History, job_id: str) -> None:
     """An attempt that started and never ended lost its batch host (or its job was killed hard): say so."""
     for old in told.open_attempts():
-        slurm = slurm_job(old.job_id) if old.job_id and old.job_id != job_id else {}
-        said = f" (Slurm: {slurm.get('JobState')}, reason {slurm.get('Reason')})" if slurm.get("JobState") else ""
+        slurm = batchhost.job(old.job_id) if old.job_id and old.job_id != job_id else None
+        said = f" (Slurm: {slurm.state}{f', reason {slurm.reason}' if slurm.reason else ''})" if slurm is not None else ""
         history.append(
             run, history.EVENT_END, attempt=old.number, job_id=old.job_id, exit=None, recorded_by=job_id,
-            slurm_state=slurm.get("JobState"), slurm_reason=slurm.get("Reason"),
+            slurm_state=slurm.state if slurm else None, slurm_reason=(slurm.reason or None) if slurm else None,
             reason=f"no end was recorded: the batch script of job {old.job_id or '?'} died with it{said}"
             " (its node lost, or the job killed without warning)",
         )
@@ -305,14 +238,18 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     run_json = runjson.read(run.path) or runjson.RunJson()
     job_id = env.get("SLURM_JOB_ID", "")
     given = verdictfile.read(run.attempt(args.attempt))
+    code, source = attempt_code(args.code, args.controller_exit, given)
+    if args.controller_exit is not None:  # the batch script leaves the attempt's last line to this step
+        log(f"attempt {args.attempt} ended: srun exit {args.srun_exit}, exit {code}" + (f" (from {source})" if source else ""))
     failure = given if given is not None and not given.ok else None
-    ended = ended_from(args.code, failure, committed_step(run, run_json))
-    told = history.read(run)
+    ended = ended_from(code, failure, committed_step(run, run_json))
+    told = history.read(run, run_json.standalone)  # the one fold of the history this decision reads
     back = drilled_before(run, told, ended) - set(run_json.exclude)  # in this allocation as in the next job
+    end = batchhost.ending(job_id, batchhost.restart_count(env)) if args.signal and job_id else "running"
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
-        tuple(h for h in told.avoided(run_json.exclude) if h not in back), slurm_end(job_id, bool(args.signal), env),
-        cancelled_by(run), runjson.host_domains(run_json),
+        tuple(h for h in told.avoided(run_json.exclude) if h not in back), end, told.cancel_by,
+        runjson.host_domains(run_json),
     )
     decision = unless_cancelled(run, decide(ended, situation, Policy.from_run(run_json)))
     said = ended.reason
@@ -320,7 +257,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
         said = recorded.message
     history.append(run, history.EVENT_END, attempt=args.attempt, job_id=job_id, exit=decision.record_code, srun_exit=args.srun_exit,
                      committed_step=ended.committed_step, **({"verdict": said} if said else {}))
-    if decision.record_code != args.code:  # the batch log's "exit C" above is not what the run's history says
+    if decision.record_code != code:  # the attempt's "exit C" above is not what the run's history says
         log(f"attempt {args.attempt} is recorded as exit {decision.record_code} ({meaning(decision.record_code)})")
     vindicate(run, read_hosts(args.hosts_file), args.attempt, decision.record_code)
     return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal, failure)
@@ -333,12 +270,13 @@ def record_cancel(attempt_dir: Path, given: Verdict | None, who: str) -> Verdict
         return None
     if not attempt_dir.is_dir():
         return None
-    return VerdictKeeper(attempt_dir, log).give(cancel_verdict(who))
+    return VerdictKeeper(attempt_dir, log).give(verdictfile.stopped_from_outside("cancelled", who))
 
 
 def unless_cancelled(run: RunDir, d: Decision) -> Decision:
-    """A cancel that came while this step decided stops the run instead of a continuation: recorded as one (89)."""
-    who = cancelled_by(run) if d.action == "continue" else ""
+    """A cancel that came while this step decided stops the run instead of a continuation: recorded as one (89).
+    Asked of cancel.json alone: the history was read once, for the decision."""
+    who = history.cancel_asked_by(run) if d.action == "continue" else ""
     if who:
         d.action, d.reason, d.cancelled_by = "stop", f"stopped: by {who}", who
         d.exit_code = d.record_code = int(ExitCode.CANCELLED)
@@ -346,8 +284,10 @@ def unless_cancelled(run: RunDir, d: Decision) -> Decision:
 
 
 def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None,
-               failure: Verdict | None = None) -> int:
-    """Record how the run goes on and do it; `failure` is the ended attempt's failing verdict (its culprits' evidence)."""
+               failure: Verdict | None = None, **shell: Any) -> int:
+    """Record how the run goes on and do it, the one place that does (a restart in the allocation, a continuation
+    job, a requeue, the end); `failure` is the ended attempt's failing verdict (its culprits' evidence), `shell`
+    more assignments for the batch script."""
     d = unless_cancelled(run, d)  # once more just before submitting: the cancel may have come meanwhile
     common: dict[str, Any] = {
         "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
@@ -359,36 +299,40 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
     log(d.reason)
     if d.action == "restart":
         history.append(run, history.EVENT_NEXT, how=history.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
-        emit(ACTION="restart", NEXT_HOSTS=d.hosts, EXIT=d.exit_code)
+        emit(ACTION="restart", NEXT_HOSTS=d.hosts, EXIT=d.exit_code, **shell)
         return 0
-    if d.action == "continue":
+    if d.action in ("continue", "requeue"):
         try:
-            next_job = submit_continuation(run, job_id, d.exclude, env)
-        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-            reason = f"{d.reason}, but the continuation could not be submitted: {exc}"
+            if d.action == "continue":
+                next_job = batchhost.submit_after(run.sbatch, job_id, d.exclude, env)
+            else:
+                log(f"requeueing job {job_id}" + (f" without {hostlist.compress(d.exclude)}" if d.exclude else ""))
+                if warning := batchhost.requeue_self(job_id, d.exclude):
+                    log(f"warning: {warning}")
+        except ClusterctlError as exc:
+            reason = f"{d.reason}, but the {'continuation could not be submitted' if d.action == 'continue' else 'requeue failed'}: {exc}"
             log(reason)
             history.append(run, history.EVENT_NEXT, how=history.NEXT_STOP, **{**common, "reason": reason})
-            emit(ACTION="exit", EXIT=d.record_code or int(ExitCode.BACKEND_UNAVAILABLE))
+            emit(ACTION="exit", EXIT=d.record_code or int(ExitCode.BACKEND_UNAVAILABLE), **shell)
+            return 0
+        if d.action == "requeue":
+            history.append(run, history.EVENT_NEXT, how=history.NEXT_REQUEUE, **common)
+            emit(ACTION="exit", EXIT=d.exit_code, **shell)
             return 0
         history.append(run, history.EVENT_NEXT, how=history.NEXT_CONTINUATION, next_job=next_job, **common)
         log(f"continuation job {next_job} submitted (after this job ends)")
-        if signal and slurm_end(job_id, True, env) == "requeued":  # a preemption's requeue came meanwhile
+        if signal and batchhost.ending(job_id, batchhost.restart_count(env)) == "requeued":  # a preemption's requeue came meanwhile
             _withdraw(run, next_job, env, common)
-        emit(ACTION="exit", EXIT=d.exit_code)
-        return 0
-    if d.action == "requeue":
-        history.append(run, history.EVENT_NEXT, how=history.NEXT_REQUEUE, **common)
-        emit(ACTION="requeue", EXIT=d.exit_code)
+        emit(ACTION="exit", EXIT=d.exit_code, **shell)
         return 0
     history.append(run, history.EVENT_NEXT, how=history.NEXT_SLURM if d.action == "slurm" else history.NEXT_STOP, **common)
-    emit(ACTION="exit", EXIT=d.exit_code)
+    emit(ACTION="exit", EXIT=d.exit_code, **shell)
     return 0
 
 
 def _withdraw(run: RunDir, next_job: str, env: dict[str, str], common: dict[str, Any]) -> None:
     """Slurm requeued this job while the continuation was being submitted: one job per run, so cancel ours."""
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run(["scancel", next_job], env=clean_env(env), capture_output=True, timeout=SLURM_TIMEOUT_S, check=False)
+    batchhost.cancel(next_job, env)
     history.append(run, history.EVENT_NEXT, how=history.NEXT_SLURM, **{**common, "reason": f"Slurm requeued the job: continuation {next_job} withdrawn"})
 
 
@@ -398,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--attempt", type=int, default=0)
-    parser.add_argument("--code", type=int, default=0)
+    parser.add_argument("--code", type=int, default=0, help="the attempt's code as the batch script has it (from srun's exit)")
+    parser.add_argument("--controller-exit", type=int, default=None, help="the controller's exit status, which decides")
     parser.add_argument("--srun-exit", type=int, default=None)
     parser.add_argument("--signal", default="")
     parser.add_argument("--hosts-file", default=None)

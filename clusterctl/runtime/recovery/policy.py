@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from clusterctl.backends.slurm.batchhost import SlurmEnd
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.history import SCANCEL, Fault
 from clusterctl.rundir.runjson import RunJson
@@ -57,8 +58,6 @@ FAULTS = frozenset({
 EXCLUDE_CULPRITS = frozenset({ExitCode.PREFLIGHT_FAILED, ExitCode.HANG, ExitCode.STRAGGLER, ExitCode.NODE_LOST})
 
 Action = Literal["restart", "continue", "requeue", "slurm", "stop"]  # slurm: Slurm's own requeue goes on
-# How Slurm ended the job around us, as the batch script saw it (see nextattempt.slurm_end).
-SlurmEnd = Literal["running", "cancelled", "requeued", "preempted", "timeout"]
 
 
 @dataclass(frozen=True)

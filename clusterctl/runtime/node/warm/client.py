@@ -25,7 +25,7 @@ import sys
 import time
 
 from clusterctl import envnames
-from clusterctl.runtime.node.procfs import zombie_status
+from clusterctl.procfs import zombie_status
 from clusterctl.runtime.node.warm import protocol, title
 from clusterctl.runtime.node.warm.protocol import node
 

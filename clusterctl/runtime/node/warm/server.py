@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clusterctl import envnames
+from clusterctl.procfs import exited_children, process_state
 from clusterctl.runtime.node import leftovers
-from clusterctl.runtime.node.procfs import exited_children, process_state
 from clusterctl.runtime.node.warm import protocol
 from clusterctl.runtime.node.warm.protocol import node
 

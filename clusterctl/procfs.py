@@ -1,4 +1,4 @@
-"""Processes as the kernel reports them: a state from /proc (the aggregator's view of its ranks, the fault
+"""Processes as the kernel reports them, for the node side and the local backend alike: a state from /proc (the aggregator's view of its ranks, the fault
 injector), how another's process ended (the warm client, of its forked rank), the children that have ended
 (the warm process server, the local backend's supervisor)."""
 
