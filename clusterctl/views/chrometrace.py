@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator, TextIO
@@ -41,6 +41,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, attemptjson, history, rankmanifest, timeline
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.attemptjson import AttemptJson
+from clusterctl.rundir.verdict import Verdict
 
 ORIGIN_SCAN_LINES = 2000  # lines of each timeline read ahead to find the earliest timestamp
 BATCH = 4096  # events handed on (and encoded) together
@@ -90,7 +91,7 @@ class _Attempt:
     base: int
     hosts: list[str]
     ranks: dict[int, dict[str, Any]]  # rank -> manifest record (host, gpu)
-    verdict: dict[str, Any] | None
+    verdict: Verdict | None
     events: list[dict[str, Any]]  # attempts.jsonl events belonging to this attempt
     cancelled_by: str | None = None  # a cancel stopped it (rundir/history.py): its end reads 89, whatever the event says
     slots: dict[str, int] = field(default_factory=dict)  # host -> slot (first listing wins)
@@ -128,11 +129,14 @@ def _manifest_ranks(manifest: dict[str, Any] | None) -> dict[int, dict[str, Any]
     return dict(sorted(ranks.items()))
 
 
-def _culprits(verdict: dict[str, Any]) -> list[str]:
+def _given_at(verdict: Verdict | None) -> float | None:
+    """When the verdict was given, where verdict.json says (its `time`; 0 when it did not)."""
+    return verdict.time if verdict is not None and verdict.time > 0 else None
+
+
+def _culprits(verdict: Verdict) -> list[str]:
     out = []
-    for c in verdict.get("culprits") or []:
-        if not isinstance(c, dict):
-            continue
+    for c in verdict.culprits:
         gpu = f", GPU {c['gpu']}" if c.get("gpu") is not None else ""
         out.append(f"rank {c.get('rank')} on {c.get('host')}{gpu}: {c.get('reason', '')}".rstrip(": "))
     return out
@@ -211,8 +215,7 @@ class Trace:
             hosts = [str(h) for h in listed] if isinstance(listed, list) else []
             # events before the first attempt (a stop before any start) go with the first attempt shown
             mine = [*(told.preamble if attempt is None and index == 0 else []), *found.events]
-            given = verdictfile.read(run.attempt(found.number))
-            verdict = given.as_dict() if given is not None else None
+            verdict = verdictfile.read(run.attempt(found.number))
             self.attempts.append(_Attempt(found.number, index * self.stride, hosts, _manifest_ranks(manifest), verdict, mine,
                                           found.cancelled_by))
         self.origin = self._origin([info for _, info, _ in loaded])
@@ -222,7 +225,7 @@ class Trace:
         seen: list[float | None] = []
         for att, info in zip(self.attempts, infos):
             seen += [_num(e.get("time")) for e in att.events]
-            seen += [info.started, _num((att.verdict or {}).get("time"))]
+            seen += [info.started, _given_at(att.verdict)]
             seen += [_num(_timings(record).get("started")) for record in att.ranks.values()]
             for record in islice(timeline.read(self.run.attempt(att.number) / rundir.TIMELINE), ORIGIN_SCAN_LINES):
                 seen += [_num(record.get("t")), _num(record.get("at"))]
@@ -250,7 +253,7 @@ class Trace:
             latest, verdict_used = None, False
             for latest, verdict_used in self._stream(att, lanes):
                 yield self._flush()
-            verdict_at = _num((att.verdict or {}).get("time"))
+            verdict_at = _given_at(att.verdict)
             if verdict_at is not None:  # the verdict is written before the attempt's end is recorded
                 latest = verdict_at if latest is None else max(latest, verdict_at)
             refined = []
@@ -270,7 +273,7 @@ class Trace:
             if close is not None:
                 self._close_all(lanes, self.us(close))
             if att.verdict is not None and not verdict_used:
-                when = _num(att.verdict.get("time"))
+                when = _given_at(att.verdict)
                 if when is not None:
                     self._verdict(att, att.verdict, self.us(when))
             for when, event in refined:
@@ -341,11 +344,11 @@ class Trace:
                         self._instant(att, f"rank {rank} gone", ts, "t", args, pid=lane.pid, tid=rank)
                 elif kind == "verdict":
                     verdict = att.verdict
-                    if verdict is not None and not verdict_used and verdict.get("code") == record.get("code"):
+                    if verdict is not None and not verdict_used and verdict.code == record.get("code"):
                         verdict_used = True
-                        merged = {**verdict, "message": record.get("message") or verdict.get("message")}
-                    else:
-                        merged = {"code": record.get("code"), "message": record.get("message")}
+                        merged = replace(verdict, message=str(record.get("message") or verdict.message))
+                    else:  # a verdict the timeline recorded that verdict.json no longer holds
+                        merged = Verdict(False, _int(record.get("code")) or 0, str(record.get("message") or ""))
                     self._verdict(att, merged, self.us(when))
                 elif kind == "node_lost":
                     host = str(_label(record.get("node")))
@@ -445,11 +448,11 @@ class Trace:
         self._mark(ts)
         self._out.append({"name": name, "cat": "run", "ph": "i", "s": scope, "ts": ts, "pid": att.base if pid is None else pid, "tid": tid, "args": args})
 
-    def _verdict(self, att: _Attempt, verdict: dict[str, Any], ts: int) -> None:
-        name = f"verdict {_label(verdict.get('verdict') or verdict.get('code'))} (code {_label(verdict.get('code'))})"
-        args = _clean({"attempt": att.number, "code": verdict.get("code"), "message": verdict.get("message"), "culprits": _culprits(verdict)})
-        if isinstance(verdict.get("victims"), list) and verdict["victims"]:
-            args["victims"] = len(verdict["victims"])
+    def _verdict(self, att: _Attempt, verdict: Verdict, ts: int) -> None:
+        name = f"verdict {verdict.name} (code {verdict.code})"
+        args = _clean({"attempt": att.number, "code": verdict.code, "message": verdict.message, "culprits": _culprits(verdict)})
+        if verdict.victims:
+            args["victims"] = len(verdict.victims)
         self._instant(att, name, ts, "g", args)
 
     def _slice(self, lane: _Lane, name: str, cat: str, start: int, end: int, args: dict[str, Any]) -> dict[str, Any]:

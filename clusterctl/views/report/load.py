@@ -18,6 +18,7 @@ from clusterctl import rundir
 from clusterctl.rundir import RunDir, attemptjson, history, runjson
 from clusterctl.rundir import metrics as metricsfile
 from clusterctl.rundir import verdict as verdictfile
+from clusterctl.rundir.verdict import Verdict
 from clusterctl.views.report.timeline import Timeline, read_timeline
 
 # The metrics writer's layout (rundir/metrics.py), read by a pattern built from its definition.
@@ -55,7 +56,7 @@ class AttemptData:
     next_how: str | None = None
     next_time: float | None = None
     next_reason: str = ""
-    verdict: dict[str, Any] | None = None
+    verdict: Verdict | None = None
     metrics: Metrics = field(default_factory=Metrics)
     timeline: Timeline = field(default_factory=Timeline)
 
@@ -121,8 +122,7 @@ def _attempts(run: RunDir, notes: list[str]) -> list[AttemptData]:
         a.job_id = a.job_id or info.job_id
         if a.start is None:
             a.start = info.started
-        given = verdictfile.read(adir)
-        a.verdict = given.as_dict() if given is not None else None
+        a.verdict = verdictfile.read(adir)
         a.metrics = read_metrics(adir / rundir.METRICS, a.start)
         a.timeline = read_timeline(adir / rundir.TIMELINE)
         if a.metrics.t_derived:

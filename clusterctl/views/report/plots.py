@@ -387,13 +387,13 @@ def plot_attempts(plt: Any, data: RunData, fig_data: Figures, path: Path, submit
         if saves:
             ax.broken_barh([((s - origin) / div, d / div) for s, d in saves], (y - 0.25, 0.5), facecolors=GANTT["save"][0])
         bar(y, last, a.end, "ending")
-        v = a.verdict or {}
-        code = a.exit_code if a.exit_code is not None else v.get("code")
-        failed_verdict = v and not v.get("ok", True) and code != ExitCode.CANCELLED
+        v = a.verdict
+        code = a.exit_code if a.exit_code is not None else v.code if v is not None else None
+        failed_verdict = v is not None and not v.ok and code != ExitCode.CANCELLED
         ok = code in (0, ExitCode.PRE_TIMEOUT, ExitCode.CANCELLED, None) and not failed_verdict  # a planned stop, a cancel
         # Why it ended: a failed verdict's words; else how its history says it ended (a cancel, a pre-timeout
         # stop), never the start-up check's "all ranks registered" of an attempt that was then cancelled.
-        words = str(v.get("message") if failed_verdict else (a.meaning or a.end_reason or ("running" if a.end is None else "")))
+        words = str(v.message if v is not None and failed_verdict else (a.meaning or a.end_reason or ("running" if a.end is None else "")))
         label = (f"exit {code}: " if code is not None else "") + (words[:90] + ("..." if len(words) > 90 else ""))
         if a.next_how:
             label += f"  \u2192 next: {a.next_how}"

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir.verdict import Verdict
 from clusterctl.views.report.load import AttemptData, RunData
 from clusterctl.views.report.timeline import CATEGORIES, SAVE, Timeline
 
@@ -212,7 +213,7 @@ def heatmap(attempts: list[AttemptData]) -> Heatmap | None:
         values.append(relative_to_step_median(t.step_step, value))  # a redone step: compared with its own attempt's peers
         spans.append((a.number, width, first, last))
         width += last - first + 1
-        if a.verdict and not a.verdict.get("ok", True):
+        if a.verdict is not None and not a.verdict.ok:
             width += max(1, total // 25)  # the grey gap, wide enough to see: where the ranks stopped reporting
     if not xs:
         return None
@@ -248,10 +249,10 @@ def verdict_marks(data: RunData) -> list[VerdictMark]:
     """Each failed verdict with the step it came at (the last step rank 0 finished before it) and its culprits."""
     marks = []
     for a in data.attempts:
-        v = a.verdict or {}
-        if not v or v.get("ok", True) or cancelled(a):  # a cancel blames nobody: nothing to mark
+        v = a.verdict
+        if v is None or v.ok or cancelled(a):  # a cancel blames nobody: nothing to mark
             continue
-        when = v.get("time") if isinstance(v.get("time"), (int, float)) else a.end
+        when = v.time or a.end  # 0: a verdict.json that did not say when
         m = a.metrics
         step = None
         if m.step.size:
@@ -259,9 +260,8 @@ def verdict_marks(data: RunData) -> list[VerdictMark]:
             step = int(m.step[before[-1]]) if before.size else int(m.step[0])
         elif a.timeline.step_step.size:
             step = int(a.timeline.step_step.max())
-        ranks = tuple(int(c["rank"]) for c in v.get("culprits") or [] if isinstance(c.get("rank"), int))
-        code = v.get("code") if isinstance(v.get("code"), int) else None
-        marks.append(VerdictMark(a.number, float(when) if when is not None else None, step, code, ranks))
+        ranks = tuple(int(c["rank"]) for c in v.culprits if isinstance(c.get("rank"), int))
+        marks.append(VerdictMark(a.number, float(when) if when is not None else None, step, v.code, ranks))
     return marks
 
 
@@ -352,10 +352,9 @@ def verdict_summary(a: AttemptData) -> dict[str, Any]:
     """One verdict row: `status` is ok, failed or cancelled. A cancelled attempt's row says cancelled with code 89 as
     its attempts row does, even where an older verdict.json said otherwise (the rendezvous passed: ok; stopped
     before it: 80): that verdict is quoted in the message."""
-    v = a.verdict or {}
-    culprits = [{k: c.get(k) for k in ("rank", "host", "gpu", "reason") if k in c}
-                for c in v.get("culprits") or [] if isinstance(c, dict)]
-    ok, code, message = bool(v.get("ok", False)), v.get("code"), str(v.get("message") or "")
+    v = a.verdict or Verdict(False, 0, "")
+    culprits = [{k: c.get(k) for k in ("rank", "host", "gpu", "reason") if k in c} for c in v.culprits]
+    ok, code, message = v.ok, v.code, v.message
     status = "ok" if ok else "failed"
     if cancelled(a):
         status = "cancelled"
