@@ -543,3 +543,37 @@ def test_a_straggler_is_named_at_the_step_it_showed_when_its_steps_arrive_in_one
     assert finding is not None and finding.code == ExitCode.STRAGGLER
     assert [c["rank"] for c in finding.culprits] == [3]
     assert finding.evidence["due_step"] <= 47 and finding.evidence["since_step"] < finding.evidence["due_step"]
+
+
+def test_a_loss_shared_with_a_rank_on_another_node_blames_no_node() -> None:
+    """The precision corpus's false verdict (clean, 200 ms steps, the machine under load): rank 2 on n2 lost 0.0245 s
+    a step, 1.39x, while rank 0 on n1 lost 0.0241 s: the loss is the machine's, not n2's. Once rank 0 is back at
+    its peers' pace, rank 2's loss is its node's, and it is named."""
+    wd, t = training(steps=30, step_s=0.2, compute={r: 0.062 for r in range(4)})
+    for step in range(30, 90):
+        t += 0.2
+        for rank in range(4):
+            c = {2: 0.0865, 0: 0.0861}.get(rank, 0.062)
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 0.2, "compute_s": c}, t)
+        assert wd.check(t) is None, step
+    for step in range(90, 150):
+        t += 0.2
+        for rank in range(4):
+            c = 0.0865 if rank == 2 else 0.062
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 0.2, "compute_s": c}, t)
+        if (finding := wd.check(t)) is not None:
+            break
+    assert finding is not None and [c["rank"] for c in finding.culprits] == [2] and finding.culprits[0]["host"] == "n2"
+
+
+def test_a_slow_node_slows_both_its_ranks_and_is_named() -> None:
+    """Both ranks of n2 at 1.5x (a node throttled as a whole): each loses as much as the other, on the same node."""
+    wd, t = training(steps=30, noise=0.02)
+    for step in range(30, 70):
+        t += 1.2
+        for rank in range(4):
+            c = 0.8 * (1.5 if rank in (2, 3) else 1.0)
+            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.2, "compute_s": c}, t)
+        if (finding := wd.check(t)) is not None:
+            break
+    assert finding is not None and finding.code == ExitCode.STRAGGLER and finding.culprits[0]["host"] == "n2"

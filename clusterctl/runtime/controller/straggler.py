@@ -2,7 +2,7 @@
 
 A verdict excludes a node and starts a new job, so a wrong one costs more
 than a late one. The rule therefore judges the time a rank LOSES, step by
-step, against its peers, and only when that loss is real on three counts:
+step, against its peers, and only when that loss is real on every count below:
 
 * It is steady. For each step of the window the rank's compute time is set
   against its peers' median at the same step, and the rank's excess is
@@ -32,6 +32,13 @@ step, against its peers, and only when that loss is real on three counts:
   3-4x out of nothing: a 0.35 ms step that takes 1.45 ms is noise, not a
   slow GPU. bench/README.md ("straggler_jitter.py") has the jitter the
   defaults were set from.
+* It is its node's (`stands_out`): it loses more than `STAND_OUT` times what
+  any rank on another node loses. A loss shared across nodes (a machine or
+  network under load, ranks contending for one resource) makes the per-step
+  median move less than the factor, yet is nobody's node: seen on a clean
+  run at 200 ms steps under load, a rank losing 0.0245 s a step beside a
+  peer on another node that lost 0.0241. Its own node's other ranks may
+  lose as much: a slow node slows all of them.
 
 And it goes on: the same rank must stay the straggler for PERSIST_STEPS steps
 (counted in its steps from the first window that named it, `named_from`,
@@ -54,6 +61,7 @@ from typing import Any, Mapping, Sequence
 TRIM_SHARE = 0.1  # of the window's steps, left out at each end of a rank's excesses: one-off spikes are no steady loss
 RECUR_WINDOWS = 3  # disjoint windows in a row over which a recurring straggler's loss is judged, every step counted
 RECUR_STALLS = 2  # stalled steps it shows in each of them: one is a spike
+STAND_OUT = 2.0  # a straggler loses more than this many times what any rank on another node loses
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,7 @@ def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trim
     return [table.standing(r, trimmed=k) for r in range(len(compute))]
 
 
-def recurring(table: Excesses, window: int, limits: Limits) -> Standing | None:
+def recurring(table: Excesses, window: int, limits: Limits, nodes: Sequence[str] = ()) -> Standing | None:
     """The rank whose loss over the last `RECUR_WINDOWS` disjoint windows of the table's steps, every step counted,
     is past every limit, with `RECUR_STALLS` stalls and a loss past the factor in each of those windows (the one
     that lost the most when several are); None when no rank is, or the table holds fewer windows. See the module's
@@ -172,8 +180,9 @@ def recurring(table: Excesses, window: int, limits: Limits) -> Standing | None:
     start = end - RECUR_WINDOWS * window
     factor_only = Limits(limits.factor, 0.0, 0.0)
     windows = [(start + i * window, start + (i + 1) * window) for i in range(RECUR_WINDOWS)]
-    past = [whole for whole in (table.standing(r, start) for r in range(len(table.excess)))
-            if is_straggler(whole, limits)
+    overall = [table.standing(r, start) for r in range(len(table.excess))]
+    past = [whole for whole in overall
+            if is_straggler(whole, limits) and stands_out(whole, overall, nodes)
             and all(table.stalls(whole.rank, lo, hi) >= RECUR_STALLS
                     and is_straggler(table.standing(whole.rank, lo, hi), factor_only) for lo, hi in windows)]
     return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
@@ -188,10 +197,19 @@ def is_straggler(s: Standing, limits: Limits) -> bool:
     )
 
 
-def slowest(found: Sequence[Standing], limits: Limits) -> Standing | None:
-    """The straggler that lost the most time a step, or None when no rank is past every limit."""
+def stands_out(s: Standing, found: Sequence[Standing], nodes: Sequence[str]) -> bool:
+    """Its loss is its node's: no rank on another node loses `1 / STAND_OUT` of it or more (`nodes[rank]`: each
+    rank's node; none known, every loss is taken as its node's)."""
+    others = [f.lost_s for f in found if nodes and nodes[f.rank] != nodes[s.rank]]
+    return not others or s.lost_s > STAND_OUT * max(0.0, max(others))
+
+
+def slowest(found: Sequence[Standing], limits: Limits, nodes: Sequence[str] = ()) -> Standing | None:
+    """The straggler that lost the most time a step, or None when no rank is past every limit, or the one that is
+    loses no more than ranks on other nodes (stands_out)."""
     past = [s for s in found if is_straggler(s, limits)]
-    return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
+    worst = max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
+    return worst if worst is not None and stands_out(worst, found, nodes) else None
 
 
 def named_from(compute: Sequence[Mapping[int, float]], span: Sequence[int], rank: int, window: int, limits: Limits) -> int:

@@ -395,7 +395,7 @@ class Watchdog:
         steps = span[-window:]
         last = len(table.steps) - window
         found = [table.standing(r, last, trimmed=straggler.trim(window)) for r in range(self.world)]
-        worst = straggler.slowest(found, limits)
+        worst = straggler.slowest(found, limits, self._nodes)
         if worst is None:
             self._suspect = None
             return None
@@ -423,7 +423,7 @@ class Watchdog:
                    limits: straggler.Limits) -> Verdict | None:
         """Stalls on some steps, every step counted, over the last RECUR_WINDOWS windows."""
         window = self.settings.window
-        worst = straggler.recurring(table, window, limits)
+        worst = straggler.recurring(table, window, limits, self._nodes)
         if worst is None:
             return None
         start = len(table.steps) - straggler.RECUR_WINDOWS * window
@@ -434,6 +434,11 @@ class Watchdog:
         return self._straggler_verdict(worst, found, steps, compute, why, {
             "rule": "recurring", "trimmed_steps": 0, "windows": straggler.RECUR_WINDOWS, "stalled_steps": stalls,
             "since_step": steps[0], "due_step": steps[-1]})
+
+    @property
+    def _nodes(self) -> list[str]:
+        """Each rank's node, by rank (the straggler rule sets a loss against the other nodes' ranks)."""
+        return [r.node for r in self.ranks]
 
     def _straggler_verdict(self, worst: straggler.Standing, found: list[straggler.Standing], steps: list[int],
                            compute: list[dict[int, float]], why: str, rule: dict[str, Any]) -> Verdict:
