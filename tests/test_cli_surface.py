@@ -138,6 +138,9 @@ def test_help_groups_the_commands_and_every_option_name_means_one_thing() -> Non
         assert "--set" in {o for p in commands()[name].params for o in getattr(p, "opts", [])}, name
     assert "--node-counts" in cli("qualify", "--help").stdout and "HOSTLIST" in cli("site", "import", "--help").stdout
     assert "parallel.dp" in cli("requeue", "--help").stdout  # its example is one requeue accepts
+    for name in ("submit", "logs", "status"):  # following a job is one idea: each takes the others' names for it
+        following = [set(p.opts) for p in commands()[name].params if {"--wait", "--follow", "--watch"} & set(p.opts)]
+        assert len(following) == 1 and {"--wait", "--follow", "--watch"} <= following[0], name
 
 
 # --- refusals the README promises -------------------------------------------------------------------------------

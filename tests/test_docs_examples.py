@@ -4,9 +4,10 @@ In README.md and the pages under docs/, a ```console block right after `<!-- run
 lines, each followed by the output it must print: those lines must appear
 in that order (other lines may come between them), `...` inside a line stands
 for anything, and a line that is only `...` is there for the reader. Each
-page's blocks run in order, as in one shell (a `cd` carries over), from one
+page's blocks run in order, as in one shell (a `cd`, `export` or `source` carries over), from one
 fresh directory holding a copy of examples/ and the tests' fixtures, on the local backend, with a terminal 100
-columns wide; every command must exit 0.
+columns wide; every command must exit 0. README.md's run as in a fresh shell after `make demo`: without clusterctl
+on PATH until the page says how (`source .venv/bin/activate`, the checkout's .venv).
 """
 
 from __future__ import annotations
@@ -71,13 +72,21 @@ def test_the_runnable_examples_print_what_the_page_says(page: Path, tmp_path: Pa
     shutil.copytree(ROOT / "examples", work / "examples", ignore=shutil.ignore_patterns("report", "hf-output"))
     (work / "tests").mkdir()
     (work / "tests" / "fixtures").symlink_to(ROOT / "tests" / "fixtures")
-    env = {**os.environ, "COLUMNS": "100", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    cwd = work  # a `cd` carries over to the next command, as in the reader's shell
+    env = {**os.environ, "COLUMNS": "100"}
+    if page == ROOT / "README.md":  # a fresh shell after `make demo`: clusterctl is in .venv, not on PATH
+        (work / ".venv").symlink_to(sys.prefix)
+        env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "clusterctl").exists())
+        env.pop("VIRTUAL_ENV", None)
+    else:  # the guides' reader has installed clusterctl
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    cwd = work  # a `cd`, an `export` or a `source` carries over to the next command, as in the reader's shell
     for steps in blocks(page):
         for command, expected in steps:
-            done = subprocess.run(["bash", "-c", 'eval "$1"; code=$?; pwd > "$2"; exit $code', "-", command, str(tmp_path / "cwd")],
+            done = subprocess.run(["bash", "-c", 'eval "$1"; code=$?; pwd > "$2"; env -0 > "$3"; exit $code', "-", command,
+                                   str(tmp_path / "cwd"), str(tmp_path / "env")],
                                   cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
             cwd = Path((tmp_path / "cwd").read_text().strip())
+            env = dict(v.split("=", 1) for v in (tmp_path / "env").read_text().split("\0") if "=" in v)
             assert done.returncode == 0, f"$ {command}\n{done.stdout}{done.stderr}"
             missing = in_order(expected, done.stdout.splitlines())
             assert not missing, f"$ {command}: not printed (in order): {missing}\n--- it printed:\n{done.stdout}"

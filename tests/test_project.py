@@ -10,7 +10,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from clusterctl.config.spec import json_schema
+from clusterctl.config.specschema import json_schema
 from clusterctl.docsgen import codes
 from clusterctl.exitcodes import DESCRIPTIONS, ExitCode
 

@@ -259,7 +259,7 @@ def test_missing_site_file(tmp_path: Path) -> None:
 def test_malformed_site_yaml(tmp_path: Path) -> None:
     site = write_yaml(tmp_path, "name: x\npartitions: {gpu: {node_type: box}\nnode_types: {}\n", "site.yaml")
     err = expect_config_error(lambda: load_site(str(site)), tmp_path)
-    assert_names(err, "", OMIT, "malformed YAML", line=3)
+    assert_names(err, "", OMIT, "malformed YAML", "the `{` on this line is never closed", line=2)  # where it opened
 
 
 def test_bad_partition_max_time_is_a_site_error(tmp_path: Path) -> None:

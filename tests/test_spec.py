@@ -155,8 +155,10 @@ def test_signal_name_forms(tmp_path: Path, written: str) -> None:
     assert load_spec(write_spec(tmp_path, signal={"name": written})).signal.name == "USR1"
 
 
-def test_lead_just_below_the_time_limit_is_accepted(tmp_path: Path) -> None:
-    assert load_spec(write_spec(tmp_path, time_limit="10m", signal={"lead_s": 599})).signal.lead_s == 599
+def test_the_lead_is_the_specs_or_a_tenth_of_a_short_limit(tmp_path: Path) -> None:
+    assert load_spec(write_spec(tmp_path, time_limit="10m", signal={"lead_s": 599})).lead_s == 599
+    # Left out, the lead is 300 s, or a tenth of a short limit: a first 5-minute job runs, told 30 s before its end.
+    assert [load_spec(write_spec(tmp_path, time_limit=t)).lead_s for t in ("5m", "10m", "50m", "4h")] == [30, 60, 300, 300]
 
 
 def test_spec_is_frozen(tmp_path: Path) -> None:
@@ -173,7 +175,7 @@ BAD_NAMES = ["my job", "a$(id)", "a`id`", "it's", 'say"hi"', "a\nb", "-lead", "x
 SPEC_ERRORS: list[tuple[str, Any, str, Any, tuple[str, ...], str | None]] = [
     ("unknown-top", {"optimiser": "adamw"}, "optimiser", OMIT, ("unknown key", "did you mean 'optimizer'?", "valid keys here: name, site,"), "optimiser:"),
     ("unknown-nested", {"checkpoint": {"keep": 2, "intervall": 10}}, "checkpoint.intervall", OMIT, ("did you mean 'interval'?", "valid keys here: dir, interval, keep, async"), "intervall:"),
-    ("type-int", {"nodes": "two"}, "nodes", "two", ("expected a whole number",), "nodes:"),
+    ("type-int", {"nodes": "two"}, "nodes", "two", ("expected a whole number: nodes running ranks (derived from the parallel dims)",), "nodes:"),
     ("type-float", {"parallel": {"tp": 1.5}}, "parallel.tp", 1.5, ("expected a whole number", "tensor parallel size"), "tp: 1.5"),
     ("type-mapping", {"parallel": 3}, "parallel", 3, ("expected a mapping",), "parallel:"),
     ("type-env", {"env": ["A=1"]}, "env", ["A=1"], ("expected a mapping",), "env:"),
@@ -280,12 +282,13 @@ def test_several_problems_are_reported_together(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "line", "fragment"),
     [
-        ("name: t\ntime_limit: 1h\nnodes: [1, 2\nseq_len: 5\n", 4, "near `seq_len: 5`"),
+        ("name: t\ntime_limit: 1h\nnodes: [1, 2\nseq_len: 5\n", 3, "the `[` on this line is never closed (line 4: "),
         ("name: t\ntime_limit: 1h\n\tnodes: 2\n", 3, "'\\t'"),
         ("name: t\ntime_limit: 1h\n  bad: indent\n", 3, "mapping values are not allowed here"),
-        ("name: t\ntime_limit: 1h\nparallel: {tp: 2\n", 4, "expected ',' or '}'"),
+        ("name: t\ntime_limit: 1h\nparallel: {tp: 2\n", 3, "the `{` on this line is never closed"),
+        ("name: t\ntime_limit: 1h\nenv: {A: \"1\"\ncommand: [python3, t.py]\n", 3, "near `command: [python3, t.py]`"),
     ],
-    ids=["unclosed-list", "tab", "indent", "unclosed-flow"],
+    ids=["unclosed-list", "tab", "indent", "unclosed-flow", "unclosed-flow-then-key"],
 )
 def test_malformed_yaml_names_the_line(tmp_path: Path, text: str, line: int, fragment: str) -> None:
     spec = write_yaml(tmp_path, text)
@@ -636,3 +639,15 @@ def test_config_error_problem_fields(tmp_path: Path) -> None:
     assert (problem.path, problem.value, problem.line) == ("nodes", -2, line_of(spec, "nodes:"))
     assert "greater than 0" in problem.allowed
     assert str(err) == f"invalid job spec {spec}: nodes (line {problem.line}): got -2; expected a number greater than 0"
+
+
+def test_gpus_left_idle_on_whole_nodes_are_warned_of_and_too_many_refused(tmp_path: Path) -> None:
+    """gpus_per_node below the node type's count wastes the rest of each exclusive node: said in plan (and submit);
+    above it, refused. A site whose emulated GPUs share nodes (oversubscribe) wastes nothing."""
+    idle = load_job(write_spec(tmp_path, site="dgx-h100", nodes=2, gpus_per_node=3)).plan.warnings
+    assert idle == ["gpus_per_node 3 leaves 5 of each node's 8 GPUs idle for the whole job (its nodes are allocated"
+                    " whole): use gpus_per_node 8, or fewer nodes"]
+    assert load_job(write_spec(tmp_path, site="dgx-h100", nodes=2, gpus_per_node=8)).plan.warnings == []
+    assert load_job(write_spec(tmp_path, site="local", nodes=2, gpus_per_node=3)).plan.warnings == []
+    with pytest.raises(ConfigError, match="gpus_per_node .*expected at most 8"):
+        load_job(write_spec(tmp_path, site="dgx-h100", nodes=2, gpus_per_node=9))

@@ -348,7 +348,10 @@ def test_a_run_that_never_reported_a_step_has_no_goodput_and_does_not_claim_trai
     assert st.reason == "the command finished (exit 0) without reporting a training step"
     # Its time cannot be split (a script that reports no steps): neither start-up nor lost, but the rest.
     assert (st.startup_gpu_hours, st.lost_gpu_hours, st.other_gpu_hours) == (0, 0, st.allocated_gpu_hours)
-    assert "goodput unknown (no training step reported)" in cli("status", str(run.dir.path)).stdout
+    screen = cli("status", str(run.dir.path)).stdout
+    assert "goodput unknown (no training step reported)" in screen and "other 100.0%" not in screen
+    row = next(line for line in screen.splitlines() if line.startswith("1 "))
+    assert row.split()[-2:] == ["-", "stop"], row  # no steps reported: no "0" steps
 
 
 def test_an_attempt_stopped_by_a_cancel_reads_cancelled_not_pre_timeout(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit import ClusterctlExecutor, ClusterctlJob, ClusterctlJobEnvironment
-from clusterctl.integrations.submitit.executor import COMMAND, lead_for, submitit_state
+from clusterctl.integrations.submitit.executor import COMMAND, submitit_state
 from clusterctl.integrations.submitit.paths import RunPaths
 from clusterctl.integrations.submitit.stop import decide
 from clusterctl.rundir import history
@@ -116,13 +116,12 @@ def test_submitits_parameters_become_spec_fields(tmp_path: Path) -> None:
     ex.update_parameters(timeout_min=5, nodes=2, tasks_per_node=2, name="probe", clusterctl_overrides=["watchdog.hang_timeout=30"])
     job = ex._executor.load_job()
     spec = job.spec
-    # submitit's 5-minute default must not meet signal.lead_s's 300 s default: the lead is a tenth of the limit.
-    assert (spec.time_limit, spec.signal.lead_s, spec.nodes, spec.gpus_per_node, spec.name) == (300, 30, 2, 2, "probe")
+    # submitit's 5-minute default must not meet the 300 s lead of long jobs: the spec's lead is a tenth of the limit.
+    assert (spec.time_limit, spec.lead_s, spec.nodes, spec.gpus_per_node, spec.name) == (300, 30, 2, 2, "probe")
     assert (spec.site, spec.command, spec.restart.budget, spec.watchdog.hang_timeout) == ("local", COMMAND, 0, 30)
     assert Path(spec.runs_root) == tmp_path / "f" and job.plan.world_size == 4
-    assert lead_for(120 * 60) == 300 and lead_for(60) == 6
     ex.update_parameters(timeout_min=1)
-    assert ex._executor.load_job().spec.signal.lead_s == 6
+    assert ex._executor.load_job().spec.lead_s == 6
 
 
 def test_a_spec_keeps_its_own_values_unless_a_parameter_says_otherwise(tmp_path: Path) -> None:
@@ -130,7 +129,7 @@ def test_a_spec_keeps_its_own_values_unless_a_parameter_says_otherwise(tmp_path:
     path.write_text(json.dumps({"name": "mine", "site": "local", "time_limit": "2h", "nodes": 1, "runs_root": str(tmp_path / "r")}))
     ex = ClusterctlExecutor(tmp_path / "f", spec=path)
     spec = ex.load_job().spec
-    assert (spec.time_limit, spec.signal.lead_s, spec.runs_root, spec.restart.budget) == (7200, 300, str(tmp_path / "r"), 0)
+    assert (spec.time_limit, spec.lead_s, spec.runs_root, spec.restart.budget) == (7200, 300, str(tmp_path / "r"), 0)
     path.write_text(json.dumps({"name": "mine", "time_limit": "2h", "nodes": 1, "restart": {"budget": 2}}))
     assert ex.load_job().spec.restart.budget == 2  # the spec's own choice
     ex.update_parameters(restart_budget=1)

@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
             Optional[str], typer.Option("--attempt", "-a", metavar="N|all", help="this attempt, or 'all' in order (default: the latest)")
         ] = None,
         follow: Annotated[
-            bool, typer.Option("--follow", "-f", help="keep printing new lines, new attempts' too, until the run ends (or Ctrl-C)")
+            bool, typer.Option("--follow", "-f", "--wait", "--watch", help="keep printing new lines, new attempts' too, until the run ends (or Ctrl-C)")
         ] = False,
         grep: Annotated[Optional[str], typer.Option("--grep", "-g", metavar="REGEX", help="only lines whose text matches (Python re)")] = None,
         root: RootOpt = None,

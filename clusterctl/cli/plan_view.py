@@ -8,6 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from clusterctl.config.spec import DEFAULT_LEAD_S
 from clusterctl.plan import Plan
 from clusterctl.plan.ranks import GROUP_KINDS
 from clusterctl.syntax.units import format_duration, format_gb
@@ -44,7 +45,10 @@ def _summary(plan: Plan) -> Table:
     if plan.dims.vpp > 1:
         dims += f"; vpp {plan.dims.vpp}"
     table.add_row("parallel", dims + "   (rank order tp-cp-ep-dp-pp, tp fastest)")
-    table.add_row("time limit", format_duration(plan.spec.time_limit))
+    lead = plan.spec.lead_s
+    how = "" if plan.spec.signal.lead_s is not None else (
+        "; a tenth of the limit, as signal.lead_s is not given" if lead < DEFAULT_LEAD_S else "")
+    table.add_row("time limit", f"{format_duration(plan.spec.time_limit)}, SIG{plan.spec.signal.name} {lead} s before it{how}")
     return table
 
 

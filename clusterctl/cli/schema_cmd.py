@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from clusterctl.config.spec import json_schema
+from clusterctl.config.specschema import json_schema
 
 
 def register(app: typer.Typer) -> None:

@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
             help="run directory, run id or job id (default: the runs still going, else the newest run)", show_default=False)] = None,
         root: RootOpt = None,
         show_all: Annotated[bool, typer.Option("--all", help="every run under the runs root")] = False,
-        watch: Annotated[bool, typer.Option("--watch", "-w", help="refresh until every run shown has ended (Ctrl-C stops)")] = False,
+        watch: Annotated[bool, typer.Option("--watch", "-w", "--wait", "--follow", help="refresh until every run shown has ended (Ctrl-C stops)")] = False,
         every: Annotated[float, typer.Option("--every", help="seconds between refreshes with --watch", min=0.2)] = 2.0,
         as_json: JsonOpt = False,
         remote: RemoteOpt = None,

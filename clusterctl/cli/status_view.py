@@ -42,7 +42,7 @@ def _nodes(a: Attempt) -> str:
 
 def _steps(a: Attempt) -> str:
     if not a.steps:
-        return "0"
+        return "-"  # none reported (a command that is no training loop, or one that never got to its first step)
     return f"{a.first_step}-{a.last_step}" + ("" if a.kept_steps == a.steps else f" ({a.kept_steps} kept)")
 
 
@@ -61,8 +61,9 @@ def short_meaning(a: Attempt) -> str:
 def goodput_line(st: RunState) -> str:
     """Where the allocated GPU time went: useful steps (goodput), start-up, lost work, the rest."""
     total = st.allocated_gpu_hours or 0.0
-    head = (f"goodput {st.goodput:.1%} of {total:.3f} GPU-hours" if st.goodput is not None
-            else f"goodput unknown (no training step reported); {total:.3f} GPU-hours")
+    if st.goodput is None:  # without steps nothing tells start-up from work: no shares to give
+        return f"{total:.3f} GPU-hours, goodput unknown (no training step reported)"
+    head = f"goodput {st.goodput:.1%} of {total:.3f} GPU-hours"
 
     def share(hours: float | None) -> str:
         return f"{(hours or 0.0) / total:.1%}" if total else "-"

@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
             Optional[str], typer.Option("--backend", "-b", help=f"one of {', '.join(BACKENDS)} (default: local for the local site, else slurm)")
         ] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="create the run directory but submit nothing")] = False,
-        wait: Annotated[bool, typer.Option("--wait", help="follow the job until it ends; exit with its code")] = False,
+        wait: Annotated[bool, typer.Option("--wait", "--follow", "--watch", help="follow the job until it ends; exit with its code")] = False,
         site: SiteOpt = None,
         set_: SetOpt = None,
         allow_oom: AllowOomOpt = False,

@@ -122,7 +122,10 @@ def _bound(kind: str, ctx: dict[str, Any]) -> str:
 
 
 def _described(info: FieldInfo | None) -> str:
-    return f" ({info.description})" if info is not None and info.description else ""
+    """The field's description after what is expected; set off with a colon where it holds parentheses itself."""
+    if info is None or not info.description:
+        return ""
+    return f": {info.description}" if "(" in info.description else f" ({info.description})"
 
 
 def _unwrap(annotation: Any) -> list[Any]:

@@ -363,9 +363,21 @@ class Preflight(Section):
         return skip
 
 
+DEFAULT_LEAD_S = 300
+
+
+def default_lead_s(time_limit_s: int) -> int:
+    """The pre-timeout lead where the spec gives none: 300 s, or a tenth of a time limit under 50 minutes, so that a
+    first short job (`time_limit: 5m`: 30 s) runs rather than being refused for a lead longer than itself."""
+    return max(1, min(DEFAULT_LEAD_S, time_limit_s // 10))
+
+
 class Signal(Section):
     name: Literal[SIGNALS] = Field("USR2", description="pre-timeout signal to the batch shell")  # type: ignore[valid-type]
-    lead_s: PositiveInt = Field(300, le=65535, description="seconds before the time limit")
+    lead_s: PositiveInt | None = Field(
+        None, le=65535,
+        description=f"seconds before the time limit (default: {DEFAULT_LEAD_S}, or a tenth of a time limit under 50 minutes)",
+    )
 
     @field_validator("name", mode="before")
     @classmethod
@@ -534,12 +546,17 @@ class JobSpec(Section):
         False, description="submit even when the plan's memory estimate exceeds the GPU (`--allow-oom`); kept in the run's spec"
     )
 
+    @property
+    def lead_s(self) -> int:
+        """How long before the time limit the pre-timeout signal comes: signal.lead_s, else default_lead_s."""
+        return self.signal.lead_s if self.signal.lead_s is not None else default_lead_s(int(self.time_limit))
+
 
 
 def _cross_checks(spec: JobSpec) -> list[Problem]:
     """Rules that tie fields of different sections together."""
     problems = []
-    if spec.signal.lead_s >= spec.time_limit:
+    if spec.signal.lead_s is not None and spec.signal.lead_s >= spec.time_limit:
         problems.append(
             Problem(
                 "time_limit",
@@ -556,32 +573,6 @@ def _cross_checks(spec: JobSpec) -> list[Problem]:
             Problem("hybrid_shard_group", spec.hybrid_shard_group, "only allowed with sharding: hybrid_shard")
         )
     return problems
-
-
-def json_schema() -> dict[str, Any]:
-    """The published JSON Schema of job.yaml (for editors and CI checks).
-
-    Adds what pydantic cannot see: the shorthands accepted before validation
-    (`precision: bf16`, `preflight: comm`, `command: "python train.py"`).
-    """
-    schema = JobSpec.model_json_schema(by_alias=True)
-    props = schema["properties"]
-    dtypes = list(Dtype.__args__)  # type: ignore[attr-defined]
-    props["precision"] = {
-        "anyOf": [{"enum": dtypes, "description": "compute dtype shorthand"}, {"$ref": "#/$defs/Precision"}],
-        "description": "bf16, fp16, fp32, fp8, or the dtypes of each part",
-    }
-    check = {"enum": list(PREFLIGHT_CHECKS)}
-    props["preflight"] = {
-        "anyOf": [check, {"type": "array", "items": check}, {"$ref": "#/$defs/Preflight"}],
-        "description": "checks added to the defaults, or the full settings",
-    }
-    command = props["command"]
-    props["command"] = {
-        "anyOf": [{"type": "string", "minLength": 1}, *command.get("anyOf", [command])],
-        "description": command.get("description", ""),
-    }
-    return schema
 
 
 def spec_from_located(located: Located, overrides: list[str] | None = None) -> JobSpec:

@@ -157,6 +157,21 @@ def _unprintable_problem(text: str) -> Problem | None:
     )
 
 
+def _malformed(exc: yaml.MarkedYAMLError, text: str) -> Problem:
+    """Where the YAML broke. An unclosed `[` or `{` is only noticed on a later line (the next key): the line named
+    is the bracket's own, and the later one is said too."""
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark else None
+    what = exc.problem or exc.context or "malformed YAML"
+    near = _line_text(text, line)
+    opened = exc.context_mark
+    if (exc.context or "").startswith("while parsing a flow") and opened is not None and line != opened.line + 1:
+        bracket = text[opened.index] if opened.index < len(text) else "bracket"
+        later = f" (line {line}: {what}" + (f" near `{near}`" if near else "") + ")"
+        return Problem("", OMIT, f"malformed YAML: the `{bracket}` on this line is never closed{later}", opened.line + 1)
+    return Problem("", OMIT, f"malformed YAML: {what}" + (f" near `{near}`" if near else ""), line)
+
+
 def parse_yaml(text: str, source: str) -> Located:
     """Parse one YAML document; malformed YAML and duplicate keys are ConfigErrors."""
     unprintable = _unprintable_problem(text)
@@ -170,12 +185,7 @@ def parse_yaml(text: str, source: str) -> Located:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        what = exc.problem or exc.context or "malformed YAML"
-        near = _line_text(text, line)
-        message = f"malformed YAML: {what}" + (f" near `{near}`" if near else "")
-        raise ConfigError(source, [Problem("", OMIT, message, line)]) from None
+        raise ConfigError(source, [_malformed(exc, text)]) from None
     except yaml.YAMLError as exc:
         raise ConfigError(source, [Problem("", OMIT, f"malformed YAML: {exc}")]) from None
     except _TooDeep as exc:

@@ -174,6 +174,9 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
     for name in secretenv.suspicious(spec.env):
         warnings.append(f"env.{name} looks like a secret, and env values are written to spec.yaml and job.sbatch:"
                         f" list {name} in secret_env instead (its value is then taken from the submitting environment)")
+    if (idle := len(node_type.gpus) - gpn) > 0 and not site.oversubscribe:  # exclusive nodes: nobody else gets them
+        warnings.append(f"gpus_per_node {gpn} leaves {idle} of each node's {len(node_type.gpus)} GPUs idle for the whole"
+                        f" job (its nodes are allocated whole): use gpus_per_node {len(node_type.gpus)}, or fewer nodes")
     if node_type.nvlink_domain > len(node_type.gpus) and site.topology.kind != "block":
         warnings.append(
             f"NVLink domains span {node_type.nvlink_domain // len(node_type.gpus)} nodes but the site has no block"

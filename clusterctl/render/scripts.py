@@ -207,7 +207,7 @@ def render_run(
         "constraint": "&".join(spec.topology.features) or None,
         "exclude": ",".join(spec.topology.exclude) or None,
         "signal": spec.signal.name,
-        "signal_lead": spec.signal.lead_s,
+        "signal_lead": spec.lead_s,
         "batch_log": f"{run_dir}/{rundir.BATCH_LOG.format(job='%j')}",
         "umask": f"{access.umask:04o}",
         "secrets_file": str(run_dir / secretenv.FILE),
@@ -364,7 +364,7 @@ def build_run_json(
             address_family=site.network.address_family,
             timeout_s=spec.rendezvous.timeout,
         ),
-        signal=SignalRecord(name=spec.signal.name, lead_s=spec.signal.lead_s),
+        signal=SignalRecord(name=spec.signal.name, lead_s=spec.lead_s),
         time_limit_s=spec.time_limit,
         checkpoint=CheckpointRecord(
             dir=spec.checkpoint.dir,

@@ -40,7 +40,6 @@ R = tp.TypeVar("R", covariant=True)
 
 COMMAND = ["python", "-m", "clusterctl.integrations.submitit.run"]
 DEFAULT_TIMEOUT_MIN = 5  # submitit's own default
-MAX_LEAD_S = 300  # the spec's default signal.lead_s: longer jobs keep it
 DEFAULT_SPEC_FILE = "clusterctl-default.yaml"
 DEFAULT_SPEC: dict[str, tp.Any] = {
     "name": "submitit",
@@ -60,11 +59,6 @@ IGNORED = {
 POLL_S = 1.0  # one state derivation per run per second, however many Job objects ask
 
 
-def lead_for(time_limit_s: int) -> int:
-    """The pre-timeout lead for a limit the executor sets: a tenth of it, at most the spec's default 300 s."""
-    return max(1, min(MAX_LEAD_S, time_limit_s // 10))
-
-
 def spec_overrides(parameters: dict[str, tp.Any], *, default_timeout: bool) -> list[str]:
     """submitit's parameters as `--set` overrides of the spec (the user's own `overrides` come last and win)."""
     sets: list[str] = []
@@ -79,7 +73,6 @@ def spec_overrides(parameters: dict[str, tp.Any], *, default_timeout: bool) -> l
         if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 1:
             raise ClusterctlError(f"timeout_min: got {timeout!r}; expected a whole number of minutes, at least 1", ExitCode.BAD_CONFIG)
         put("time_limit", timeout)  # bare numbers are minutes, as in sbatch
-        put("signal.lead_s", lead_for(timeout * 60))
     if "nodes" in parameters:
         put("nodes", parameters["nodes"])
     per_node = {k: parameters[k] for k in ("tasks_per_node", "gpus_per_node") if k in parameters}
@@ -284,8 +277,8 @@ class ClusterctlExecutor(core.PicklingExecutor):
 
     Without a spec a function runs as one rank on the `local` site (this
     machine), with submitit's 5-minute default limit. submitit's parameters
-    map onto the spec (timeout_min -> time_limit, with signal.lead_s a tenth
-    of it, at most 300 s; nodes; tasks_per_node or gpus_per_node -> gpus_per_node,
+    map onto the spec (timeout_min -> time_limit, whose pre-timeout lead the
+    spec scales: a tenth of it, at most 300 s; nodes; tasks_per_node or gpus_per_node -> gpus_per_node,
     one rank per GPU; name), as do `slurm_partition`/`slurm_account`,
     `restart_budget` and `overrides` (a list of FIELD=VALUE, as `--set`).
     A function that raises is not called again, as with submitit:
