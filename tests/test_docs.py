@@ -41,6 +41,17 @@ def test_every_field_at_any_depth_has_a_description(model: type) -> None:
     assert [f.path for f in found if not f.description] == []
 
 
+def test_the_reference_types_read_as_the_user_writes_them() -> None:
+    """A duration is a duration (`time_limit: 10m`), not an integer; a shorthand a field takes is shown with it."""
+    from clusterctl.config.specschema import SHORTHANDS
+
+    kinds = {f.path: f.kind for f in fields.fields(JobSpec, shorthands=SHORTHANDS)}
+    assert kinds["time_limit"].startswith("duration") and "minutes" in kinds["time_limit"]
+    assert kinds["watchdog.hang_timeout"].startswith("duration") and "seconds" in kinds["watchdog.hang_timeout"]
+    assert kinds["topology.switch_wait"].startswith("duration") and kinds["topology.switch_wait"].endswith("or null")
+    assert kinds["precision"].startswith("a compute dtype alone (`precision: bf16`), or")
+
+
 def test_every_option_argument_and_exit_code_has_a_description() -> None:
     undescribed = [(name, row["names"]) for name, command, _ in commands.commands(app)
                    for row in commands.parameters(command) if not row["help"]]

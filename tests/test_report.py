@@ -275,7 +275,7 @@ def test_without_matplotlib_the_figures_are_printed_and_exit_69(straggler_run: P
     out = tmp_path / "r"
     result = cli("report", str(straggler_run), "-o", str(out))
     assert result.exit_code == 69
-    assert "pip install 'clusterctl[report]'" in result.output
+    assert "pip install matplotlib" in result.output and "pip install -e '.[report]'" in result.output
     assert "slowest rank by mean compute time: 2" in result.output
     assert not out.exists()
 

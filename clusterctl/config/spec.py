@@ -297,7 +297,8 @@ class Restart(Section):
 class Watchdog(Section):
     hang_timeout: Seconds = Field(120, description="no progress for this long is a hang")
     straggler_factor: float = Field(
-        1.25, gt=1.0, description="a straggler's compute time a step is over its peers' median by more than this factor"
+        1.25, gt=1.0, description="a straggler's compute time a step is over its peers' median at the same steps by more"
+        " than this factor (its peers only: a rank's own earlier steps are no baseline)"
     )
     straggler_min_compute_s: float = Field(
         0.02, ge=0, description="a straggler computes at least this long a step (seconds): below it, ratios are timer jitter"

@@ -6,6 +6,12 @@ from typing import Any
 
 from clusterctl.config.spec import PREFLIGHT_CHECKS, Dtype, JobSpec
 
+# The forms a field takes besides its own before validation, in words (the field reference shows them too).
+SHORTHANDS = {
+    "precision": "a compute dtype alone (`precision: bf16`)",
+    "preflight": "a check or a list of checks added to the defaults (`preflight: comm`)",
+    "command": "a string split like a shell (`command: python3 train.py`)",
+}
 
 def json_schema() -> dict[str, Any]:
     """The published JSON Schema of job.yaml (for editors and CI checks).

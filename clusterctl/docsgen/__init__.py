@@ -20,12 +20,14 @@ def pages(root: Path) -> dict[str, str]:
     from clusterctl.cli import app
     from clusterctl.config.site import Site
     from clusterctl.config.spec import JobSpec
+    from clusterctl.config.specschema import SHORTHANDS
     from clusterctl.docsgen import codes, commands, fields, records
 
     return {
         "reference/spec.md": fields.markdown(
             JobSpec, "Job spec", "Every field of a job spec (`job.yaml`), at any depth: the path `--set` takes, its type,"
-            " default, allowed values and meaning. `NAME` stands for a key you choose; `[]` for a list's items."),
+            " default, allowed values and meaning. `NAME` stands for a key you choose; `[]` for a list's items.",
+            SHORTHANDS),
         "reference/site.md": fields.markdown(
             Site, "Site config", "Every field of a site config (`site-configs/NAME.yaml`), as the admin writes it."),
         "reference/cli.md": commands.markdown(app),

@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from clusterctl.config.spec import Seconds, SlurmMinutes
+
 
 @dataclass(frozen=True)
 class FieldDoc:
@@ -39,9 +41,13 @@ def _models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
 
 
 def _kind(annotation: Any) -> str:
-    """A type as a user reads it: `integer`, `list of string`, `one of ...`, `x or null`."""
+    """A type as a user reads it: `integer`, `duration`, `list of string`, `one of ...`, `x or null`."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if annotation == SlurmMinutes:
+        return "duration (4h, 90m, 1-00:00:00; a bare number is minutes)"
+    if annotation == Seconds:
+        return "duration (90s, 15m, 4h; a bare number is seconds)"
     if origin is typing.Annotated:
         return _kind(args[0])
     if origin is Literal:
@@ -62,6 +68,14 @@ def _kind(annotation: Any) -> str:
     return str(annotation)
 
 
+def _annotated(info: Any) -> Any:
+    """The field's annotation as written: pydantic moves a top-level Annotated's metadata to `info.metadata`."""
+    for known in (SlurmMinutes, Seconds):
+        if info.annotation is int and list(typing.get_args(known)[1:]) == list(info.metadata):
+            return known
+    return info.annotation
+
+
 def _allowed(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is Literal:
@@ -78,12 +92,17 @@ def _default(info: Any) -> str:
     return f"`{json.dumps(value, default=str)}`"  # as the YAML or JSON spec writes it: null, "local", []
 
 
-def fields(model: type[BaseModel], prefix: str = "", seen: frozenset[type] = frozenset()) -> list[FieldDoc]:
-    """The model's fields and its sections' fields, depth first, in declaration order."""
+def fields(model: type[BaseModel], prefix: str = "", seen: frozenset[type] = frozenset(),
+           shorthands: dict[str, str] | None = None) -> list[FieldDoc]:
+    """The model's fields and its sections' fields, depth first, in declaration order; `shorthands`: the forms a
+    field also takes before validation (config/specschema.SHORTHANDS), by path."""
     found = []
     for name, info in model.model_fields.items():
         path = prefix + (info.alias or name)
-        found.append(FieldDoc(path, _kind(info.annotation), _default(info), _allowed(info.annotation),
+        kind = _kind(_annotated(info))
+        if path in (shorthands or {}):
+            kind = f"{(shorthands or {})[path]}, or {kind}"
+        found.append(FieldDoc(path, kind, _default(info), _allowed(info.annotation),
                               " ".join((info.description or "").split())))
         for inner, more in _models(info.annotation):
             if inner not in seen:
@@ -95,10 +114,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(model: type[BaseModel], title: str, intro: str) -> str:
+def markdown(model: type[BaseModel], title: str, intro: str, shorthands: dict[str, str] | None = None) -> str:
     """A page: the intro, then one table row per field. The page has one heading, so the table of contents
     is hidden (front matter) and the table gets its width."""
     rows = ["| field | type | default | allowed | description |", "|---|---|---|---|---|"]
-    for f in fields(model):
+    for f in fields(model, shorthands=shorthands):
         rows.append(f"| `{f.path}` | {_cell(f.kind)} | {_cell(f.default)} | {_cell(f.allowed)} | {_cell(f.description)} |")
     return f"---\nhide:\n  - toc\n---\n\n# {title}\n\n{intro}\n\n" + "\n".join(rows) + "\n"

@@ -21,7 +21,7 @@ from clusterctl.views.report.timeline import CATEGORIES
 
 FILES = ("loss.png", "step_time.png", "heatmap.png", "throughput.png", "attempts.png", "phases.png")
 DPI = 100
-INSTALL_HINT = "pip install 'clusterctl[report]'"
+INSTALL_HINT = "pip install matplotlib (the `report` extra: pip install -e '.[report]' from the checkout)"
 PHASE_COLOURS = {"compute": "#4c72b0", "collective": "#dd8452", "save": "#8172b3", "eval": "#55a868",
                  "idle": "#c7c7c7", "load": "#da8bc3", "other": "#937860"}
 
