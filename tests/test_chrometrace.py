@@ -313,6 +313,10 @@ def test_cli_writes_file_or_stdout(tmp_path: Path) -> None:
     assert "attempt 1" in result.stderr
     missing = cli("trace", run.path, "-o", tmp_path / "nowhere" / "t.json")
     assert missing.exit_code == ExitCode.USAGE and "no directory" in missing.stderr
+    for args, name in (((), "trace.json"), (("--attempt", "2"), "trace-attempt-2.json")):  # where report writes too
+        result = cli("trace", run.path, *args)
+        assert result.exit_code == 0 and check_trace(_strict((run.path / name).read_text())), result.output
+        assert str(run.path / name) in result.stderr
 
 
 def test_memory_stays_bounded_while_streaming(tmp_path: Path) -> None:

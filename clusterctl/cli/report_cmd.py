@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
+from clusterctl import rundir
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
@@ -109,7 +110,7 @@ def register(app: typer.Typer) -> None:
 
         target = resolve_run(run, root)
         collected = reportlib.collect(target)
-        out = output if output is not None else target.path / "report"
+        out = output if output is not None else target.path / rundir.REPORT_DIR
         try:
             head = reportlib.write(collected, out)
         except ClusterctlError as exc:

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from clusterctl import rundir
 from clusterctl.cli.app import err_console
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
@@ -32,7 +33,9 @@ def register(app: typer.Typer) -> None:
         attempt: Annotated[
             Optional[int], typer.Option("--attempt", "-a", help="only this attempt (default: every attempt on one time axis)")
         ] = None,
-        output: Annotated[str, typer.Option("--output", "-o", help="where to write the trace JSON; - for stdout")] = "trace.json",
+        output: Annotated[Optional[str], typer.Option(
+            "--output", "-o", help="where to write the trace JSON; - for stdout (default: RUN/trace.json, as report writes"
+            " RUN/report; RUN/trace-attempt-N.json with --attempt)")] = None,
         steps: Annotated[bool, typer.Option("--steps/--no-steps", help="enclose each step's phases in a `step N` slice")] = True,
         gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="GPU samples as counter tracks")] = True,
         root: RootOpt = None,
@@ -48,6 +51,8 @@ def register(app: typer.Typer) -> None:
         target = resolve_run(run, root)
         built = build_trace(target, attempt, steps=steps, gpu=gpu)
         attempts = [a.number for a in built.attempts]
+        if output is None:  # in the run directory, as the report goes
+            output = str(target.path / (rundir.TRACE if attempt is None else rundir.TRACE.replace(".json", f"-attempt-{attempt}.json")))
         if output == "-":
             summary = write_trace(built, sys.stdout)
             sys.stdout.flush()
