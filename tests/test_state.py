@@ -7,6 +7,7 @@ the recovery step, the controller and the trainer write; the end-to-end tests
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,20 @@ def test_training_shows_step_loss_throughput_and_eta(tmp_path: Path) -> None:
     assert st.eta_s == pytest.approx(80 * STEP_S)  # 80 steps to go at this attempt's mean step time
     (a,) = st.attempts
     assert (a.attempt, a.job_id, a.nodes, a.exit_code, a.steps, a.first_step, a.last_step) == (1, "100", ["n1", "n2"], None, 20, 0, 19)
+
+
+def test_a_script_that_reports_no_tokens_still_shows_its_pace(tmp_path: Path) -> None:
+    """An unmodified script (no record()): the step watcher's step times give the rate tokens/s would have given."""
+    run = Run(tmp_path).attempt(1, T0, 0, 19, step_s=0.25)
+    metrics = run.dir.attempt(1) / rundir.METRICS
+    metrics.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "tokens_per_s"}) + "\n"
+                               for line in metrics.read_text().splitlines()))
+    st = derive(run.dir, {"100": JobInfo("100", "RUNNING")}, now=T0 + 15)
+    assert (st.tokens_per_s, st.step_s) == (None, 0.25)
+    assert "step 19/100, loss 4.8100, 4 steps/s, ETA 20s" == progress(st)
+    assert "12.5 s a step" in progress(dataclasses.replace(st, step_s=12.5))  # slow steps read as seconds a step
+    slow = derive(Run(tmp_path / "slow").attempt(1, T0, 0, 3, step_s=12.5).dir, {"100": JobInfo("100", "RUNNING")}, now=T0 + 60)
+    assert slow.tokens_per_s == 1000.0 and "tokens/s" in progress(slow)  # the script's own figure, where it gives one
 
 
 def test_pending_gives_slurms_reason_in_words(tmp_path: Path) -> None:

@@ -118,6 +118,7 @@ class RunState:
     useful_gpu_hours: float | None = None  # the steps the run kept, times the world size
     startup_gpu_hours: float | None = None  # each attempt's start to its first step
     other_gpu_hours: float | None = None  # saves, evaluations, idle spares, wind-down, restart gaps
+    step_s: float | None = None  # seconds a step over the current attempt's steps (the step watcher's, no record() needed)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunState":
@@ -293,9 +294,10 @@ def _derive(
         reason = f"training finished at step {latest['step']}" if latest else reason
     split = goodput(attempts, run_json.world_size, current.attempt if value in (STARTING, TRAINING) and current else None, now)
     total = latest.get("total_steps") if latest else None
-    eta = None
-    if value == TRAINING and latest and isinstance(total, int) and current and current.steps:
-        per_step = (latest.get("train_s") or 0) / current.steps or float(latest.get("step_s") or 0)
+    eta = per_step = None
+    if latest and current and current.steps:
+        per_step = (latest.get("train_s") or 0) / current.steps or float(latest.get("step_s") or 0) or None
+    if value == TRAINING and latest and isinstance(total, int) and per_step:
         eta = max(0, total - latest["step"] - 1) * per_step
     changes = [t for t in (h.last_time, latest.get("t") if latest else None) if isinstance(t, (int, float))]
     trained = any(a.steps for a in attempts)
@@ -327,6 +329,7 @@ def _derive(
         useful_gpu_hours=hours(split.useful),
         startup_gpu_hours=hours(split.startup),
         other_gpu_hours=hours(split.other),
+        step_s=round(per_step, 6) if per_step else None,
     )
 
 

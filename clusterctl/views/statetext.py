@@ -32,6 +32,8 @@ def progress(st: RunState) -> str:
         parts.append(f"loss {st.loss:.4f}")
     if st.tokens_per_s and st.state == TRAINING:
         parts.append(f"{st.tokens_per_s:,.0f} tokens/s")
+    elif st.step_s and st.state == TRAINING:  # a script that reports no tokens: the pace the step watcher measures
+        parts.append(f"{1 / st.step_s:.3g} steps/s" if st.step_s < 1 else f"{st.step_s:.3g} s a step")
     if st.eta_s is not None:
         parts.append(f"ETA {duration(st.eta_s)}")
     return ", ".join(parts)
