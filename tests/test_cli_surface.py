@@ -98,6 +98,30 @@ def test_a_missing_or_ambiguous_run_exits_2_in_every_command_and_says_where_it_l
     assert mine.exit_code == 0 and json.loads(mine.stdout)["run"].startswith("a-"), mine.output
 
 
+def test_a_spec_name_names_its_newest_run_and_runs_lists_what_status_finds(tmp_path: Path) -> None:
+    """`drill cc-pl ...` from anywhere: a spec's name is its newest run; `runs` away from ./runs lists the runs a RUN
+    argument can name; a lookup that fails is short and names the newest runs; a removed root is forgotten."""
+    project = tmp_path / "project" / "runs"
+    old = make_run(project, "cc-pl-20270101-000000-ab12", "3")
+    new = make_run(project, "cc-pl-20270102-000000-cd34", "4")
+    make_run(project, "cc-pl-long-20270103-000000-ef56", "5")  # another spec whose name starts the same
+    roots.remember(project)
+    gone = tmp_path / "scratch" / "runs"
+    gone.mkdir(parents=True)
+    roots.remember(gone)
+    gone.rmdir()
+    away = tmp_path / "home"
+    away.mkdir()
+    found = cli("status", "cc-pl", "--json", cwd=away)
+    assert found.exit_code == 0 and json.loads(found.stdout)["run"] == new.path.name, found.output
+    listed = cli("runs", "--json", cwd=away)
+    assert [r["run"] for r in json.loads(listed.stdout)] == ["cc-pl-long-20270103-000000-ef56", new.path.name, old.path.name]
+    missing = cli("status", "cc", cwd=away)
+    assert missing.exit_code == ExitCode.USAGE and "Newest runs: cc-pl-long-20270103-000000-ef56, " in missing.output
+    assert str(gone) not in missing.output and len(missing.output) < 600, missing.output
+    assert roots.remembered() == [project]  # the removed root is no longer searched, and goes at the next submit
+
+
 # --- options mean one thing everywhere -------------------------------------------------------------------------
 
 

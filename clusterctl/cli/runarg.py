@@ -7,8 +7,10 @@ else in every root this machine knows, in order: $CLUSTERCTL_RUNS_ROOTS
 (rundir/roots.py: a spec's runs_root, a submitit folder), and ./runs. A run
 id is matched first, then a job id: `local-7` is asked of this machine's
 local backend (its job 7's batch script is the run's), else looked for
-among local runs; `7` among the scheduler's runs, then the local ones. No match, or matches in two places, is a
-usage error (exit 2) that says where it looked.
+among local runs; `7` among the scheduler's runs, then the local ones; then
+a spec's name (`quickstart`: that name's newest run). No match, or a run id
+or job id matched in two places, is a usage error (exit 2) that names the
+newest runs it knows.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from clusterctl.rundir import RunDir, is_run, jobid, roots
 RootOpt = Annotated[
     Optional[Path],
     typer.Option("--runs-root", metavar="DIR", show_default=False,
-                 help=f"the runs root to look in (default: RUN is looked up in ${roots.ENV}, every known site's runs_root,"
-                      " the roots submitted into and ./runs; runs are listed from ./runs)"),
+                 help=f"the runs root to look in (default: ${roots.ENV}, every known site's runs_root, the roots submitted"
+                      " into and ./runs, where RUN is looked up and runs are listed from)"),
 ]
-RunArg = Annotated[str, typer.Argument(metavar="RUN", help="run directory, run id, or a job id of the run", show_default=False)]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="run directory, run id, a job id of the run, or a spec name"
+                                                            " (its newest run)", show_default=False)]
+RECENT = 5  # runs a failed lookup names
 
 
 def _site_roots() -> list[str]:
@@ -52,6 +56,12 @@ def _site_roots() -> list[str]:
 def search_roots(given: Path | None) -> list[Path]:
     """The roots RUN is looked up in, in order, each once (rundir/roots.py)."""
     return roots.search(given, _site_roots())
+
+
+def known_runs(given: Path | None) -> list[RunDir]:
+    """Every run RUN could name, newest first: under the root given, else under every root searched (`runs` lists
+    them, and `status` shows the newest)."""
+    return rundir.list_runs(*([roots.listing(given)] if given is not None else search_roots(None)))
 
 
 def _by_job(job: str, root: Path, local: bool) -> Path | None:
@@ -106,10 +116,18 @@ def resolve_run(arg: str, root: Path | None = None) -> RunDir:
     unique = list(dict.fromkeys(p.resolve() for p in found))
     if len(unique) == 1:
         return _checked(unique[0])
+    known = rundir.list_runs(*where) if not unique else []
+    if not unique and (named := rundir.runs_named(arg.strip(), known)):
+        return _checked(named[0].path)  # a spec's name: its newest run, wherever it went
     if not unique:
-        looked = "; ".join(f"{r}{'' if r.is_dir() else ' (missing)'}" for r in where)
-        raise ClusterctlError(f"no run {arg!r}: not a directory, nor a run id or job id in {looked}."
-                              f" Give the run's directory, --runs-root DIR, or set {roots.ENV}", ExitCode.USAGE)
+        existing = [r for r in where if r.is_dir()]
+        recent = ", ".join(r.path.name for r in known[:RECENT])
+        raise ClusterctlError(
+            f"no run {arg!r}: not a directory, nor a run id, job id or spec name of the runs in"
+            f" {len(existing)} runs root{'s' if len(existing) != 1 else ''} ({', '.join(map(str, existing[:3]))}"
+            f"{', ...' if len(existing) > 3 else ''})."
+            + (f" Newest runs: {recent}{', ...' if len(known) > RECENT else ''} (`clusterctl runs` lists them)." if recent else "")
+            + " Give the run's directory, or --runs-root DIR", ExitCode.USAGE)
     raise ClusterctlError(f"{arg!r} names more than one run: {', '.join(map(str, unique))}. Give the run's directory"
                           " or --runs-root DIR", ExitCode.USAGE)
 

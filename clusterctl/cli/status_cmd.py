@@ -17,11 +17,19 @@ from clusterctl.backends import get_backend
 from clusterctl.cli.app import err_console, out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target
-from clusterctl.cli.runarg import RootOpt, resolve_run
+from clusterctl.cli.runarg import RootOpt, known_runs, resolve_run, search_roots
 from clusterctl.cli.status_view import run_screen, runs_json, runs_table
 from clusterctl.remote.client import connect
-from clusterctl.rundir import RunDir, list_runs, roots
+from clusterctl.rundir import RunDir, roots
 from clusterctl.views.state import DRY_RUN, GOING, RunState, derive_many
+
+
+def _where(root: Path | None) -> str:
+    """Where runs were listed from, in words: the root given, else the roots searched that exist."""
+    if root is not None:
+        return str(roots.listing(root))
+    existing = [str(r) for r in search_roots(None) if r.is_dir()]
+    return ", ".join(existing) if existing else f"{roots.listing(None)} (nor any root submitted into)"
 
 
 def _states(runs: list[RunDir]) -> list[RunState]:
@@ -36,7 +44,7 @@ def _shown(run: Optional[str], root: Path | None, show_all: bool) -> list[RunSta
     only when there is nothing else): their states, derived once."""
     if run is not None:
         return _states([resolve_run(run, root)])
-    states = _states(list_runs(roots.listing(root)))
+    states = _states(known_runs(root))
     if show_all or not states:
         return states
     going = [st for st in states if st.state in GOING]
@@ -93,7 +101,7 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 print("[]")
             else:
-                err_console.print(f"no runs under {roots.listing(root)}")
+                err_console.print(f"no runs under {_where(root)}")
             raise typer.Exit(0)
         runs = [RunDir(st.path) for st in first]
         pending = [first]  # the states just derived serve the first screen; each refresh derives again
@@ -105,14 +113,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("runs")
     def runs_cmd(root: RootOpt = None, as_json: JsonOpt = False, remote: RemoteOpt = None) -> None:
-        """List the runs under the runs root, newest first: state, step, attempts, last change."""
-        where = roots.listing(root)
+        """List the runs, newest first: state, step, attempts, last change. Every run a RUN argument could name:
+        those under ./runs, the roots this user submitted into and the sites' (or under --runs-root alone)."""
+        where = _where(root)
         if there := remote_target(remote):
             with connect(there) as link:
                 states = _parsed(link.json(["status", "--all", "--json", *(["--runs-root", str(root)] if root else [])]))
-            where = Path(f"{there}:{root or 'runs'}")
+            where = f"{there}:{root or 'runs'}"
         else:
-            states = _states(list_runs(where))
+            states = _states(known_runs(root))
         if as_json:
             print(json.dumps([runs_json(st) for st in states], indent=1))
             return

@@ -38,6 +38,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -178,13 +179,23 @@ def is_run(path: Path) -> bool:
     return (path / STATE).is_file() or (path / RUN_JSON).is_file()
 
 
-def list_runs(root: Path) -> list[RunDir]:
-    """The run directories under a runs root, newest first (by run id's time stamp, then name)."""
-    try:
-        entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and is_run(p)]
-    except OSError:
-        return []
-    return [RunDir(p) for p in sorted(entries, key=_newest_key, reverse=True)]
+def list_runs(*roots: Path) -> list[RunDir]:
+    """The run directories under the runs roots, newest first (by run id's time stamp, then name), each once."""
+    entries: dict[str, Path] = {}
+    for root in roots:
+        try:
+            found = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and is_run(p)]
+        except OSError:
+            continue
+        for p in found:
+            entries.setdefault(os.path.realpath(p), p)
+    return [RunDir(p) for p in sorted(entries.values(), key=_newest_key, reverse=True)]
+
+
+def runs_named(name: str, runs: list[RunDir]) -> list[RunDir]:
+    """The runs of the spec `name` (their ids are `<name>-<stamp>-<hex>`: new_run_id), in the order given."""
+    pattern = re.compile(re.escape(name) + r"-\d{8}-\d{6}-[0-9a-f]{4}")
+    return [r for r in runs if pattern.fullmatch(r.path.name)]
 
 
 def _newest_key(path: Path) -> tuple[str, str]:

@@ -82,16 +82,17 @@ def state_dir() -> Path:
 
 
 def remembered() -> list[Path]:
-    """The roots submitted into, newest first (whether or not they still exist)."""
+    """The roots submitted into that still exist, newest first (a removed one is forgotten at the next submit)."""
     try:
         text = (state_dir() / FILE).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return []
-    return [Path(line) for line in text.splitlines() if line.startswith("/")]
+    return [path for line in text.splitlines() if line.startswith("/") and (path := Path(line)).is_dir()]
 
 
 def remember(root: Path) -> None:
-    """Put `root` first in the list (written whole, then renamed: a crash leaves the old list)."""
+    """Put `root` first in the list, the roots that no longer exist left out (written whole, then renamed: a crash
+    leaves the old list)."""
     root = root.absolute()
     roots = [root, *(p for p in remembered() if p != root)][:KEEP]
     directory = state_dir()
