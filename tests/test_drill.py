@@ -289,6 +289,24 @@ def test_a_run_that_is_not_running_is_refused(make_run: Callable[..., FakeRun], 
     assert run.procs[0].poll() is None
 
 
+def test_a_drill_waits_for_the_continuation_that_carries_the_run_on(make_run: Callable[..., FakeRun],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempt 1 ended and its job with it, but a continuation waits in the queue: the drill waits for its ranks (as
+    the docs say) rather than calling the run stopped."""
+    run = make_run()
+    asked: list[str] = []
+    monkeypatch.setattr(faultdrill, "_job_active", lambda _run, _backend, job: asked.append(job) or job == "4243")
+    with open(run.path / rundir.ATTEMPTS, "a") as fh:
+        fh.write(json.dumps({"event": "end", "attempt": 1, "job_id": "4242", "time": int(time.time()), "exit": 85}) + "\n")
+        fh.write(json.dumps({"event": "next", "attempt": 1, "job_id": "4242", "time": int(time.time()), "exit": 85,
+                             "how": "continuation", "next_job": "4243", "reason": "pre-timeout stop"}) + "\n")
+    result = drill(str(run.path), "--kill", "0", "--timeout", "3")
+    assert result.exit_code == ExitCode.BACKEND_UNAVAILABLE, result.output
+    assert "no attempt with registered ranks within 3 s (attempt 1 ended (exit 85); waiting for the next attempt)" in result.output
+    assert "not running" not in result.output and set(asked) == {"4243"}
+    assert run.procs[0].poll() is None
+
+
 def test_injector_refusal_is_reported(make_run: Callable[..., FakeRun]) -> None:
     run = make_run()
     run.procs[1].kill()

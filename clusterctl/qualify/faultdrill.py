@@ -135,6 +135,9 @@ def wait_for_attempt(run: RunDir, backend: str, timeout: float, show: Callable[[
         else:
             n, info, job_id = 0, AttemptJson(), str(state.get("job_id") or "")
         end = end_event(run, n) if n else None
+        went_on = told.attempt(n) if n else None
+        if end is not None and went_on is not None and went_on.next_job:
+            job_id = went_on.next_job  # a continuation carries the run on: pending in the queue is still going
         stopped = told.stopped
         if n and end is None and not stopped:
             manifest = rankmanifest.read(run.attempt(n) / rundir.MANIFEST)
@@ -160,7 +163,7 @@ def wait_for_attempt(run: RunDir, backend: str, timeout: float, show: Callable[[
             )
         if elapsed >= timeout:
             raise ClusterctlError(
-                f"run {run.path.name}: no attempt with registered ranks within {timeout:g} s ({line.split(' (')[0]})",
+                f"run {run.path.name}: no attempt with registered ranks within {timeout:g} s ({line.rsplit(' (', 1)[0]})",
                 ExitCode.BACKEND_UNAVAILABLE,
             )
         if elapsed - shown_at >= PROGRESS_EVERY_S:
