@@ -152,6 +152,13 @@ class ClusterctlCallback(Callback):
         self.loop.close()
 
 
+def _as_list(value: Any) -> list[Any]:
+    """A Trainer argument that takes one item or a list of them, as a list."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 class Clusterctl:
     """The adapter: what to give `L.Trainer(...)` and `trainer.fit(..., ckpt_path=...)`."""
 
@@ -159,14 +166,27 @@ class Clusterctl:
         self.loop = FrameworkLoop("lightning", directory=directory, interval=interval, keep=keep)
         self.io = CommittedCheckpointIO(self.loop)
 
-    def trainer_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {
-            "plugins": [self.io],
-            "callbacks": [ClusterctlCallback(self.loop)],
-        }
+    def trainer_options(self, **given: Any) -> dict[str, Any]:
+        """The `L.Trainer(**...)` arguments: yours (`given`, what the Trainer call had) merged with clusterctl's.
+
+        Your plugins and callbacks are kept, clusterctl's added to them. Under clusterctl each rank is one process
+        on one GPU: `devices` and `num_nodes` become 1 and the world size, which is the same world as a
+        `devices=8, num_nodes=4` written for torchrun; a pair that makes another world is refused here, on every
+        rank, before the Trainer starts (ValueError naming both)."""
+        options: dict[str, Any] = dict(given)
+        options["plugins"] = [*_as_list(given.get("plugins")), self.io]
+        options["callbacks"] = [*_as_list(given.get("callbacks")), ClusterctlCallback(self.loop)]
         if ClusterctlEnvironment.detect():
+            world = int(os.environ["WORLD_SIZE"])
+            devices, nodes = given.get("devices"), given.get("num_nodes", 1)
+            if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) and devices * nodes != world:
+                raise ValueError(
+                    f"Trainer(devices={devices}, num_nodes={nodes}) makes {devices * nodes} processes, but this"
+                    f" clusterctl job has {world} ranks (the spec's nodes x gpus_per_node): leave devices and"
+                    " num_nodes out (clusterctl sets devices=1 and num_nodes to the world size), or change the spec"
+                )
             options["plugins"].insert(0, ClusterctlEnvironment())
-            options.update(devices=1, num_nodes=int(os.environ["WORLD_SIZE"]))
+            options.update(devices=1, num_nodes=world)
         return options
 
     def resume_path(self) -> str | None:
