@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import yaml
 from helpers import cli
+from typer.testing import CliRunner
 
 from clusterctl import rundir
+from clusterctl.cli import app
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, attemptjson, history
@@ -94,6 +96,9 @@ def test_an_attempt_assembles_registrations_switches_and_the_trainers_part(tmp_p
     assert "t0k3n" not in json.dumps(record)  # the attempt token never leaves attempt.json/manifest.json
     shown = cli("record", str(run.path))
     assert shown.exit_code == 0 and "leaf1 > spine" in shown.stdout and "not recorded" in shown.stdout, shown.output
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["record", str(run.path)])  # a default terminal: a block a node
+    assert "Node n2" in narrow.stdout and "nvidia 550.54.15" in narrow.stdout and "leaf1 > spine" in narrow.stdout
+    assert max(map(len, narrow.stdout.splitlines())) <= 80, narrow.stdout
     # The trainer's part absent or torn: null with the reason, the rest still there.
     (adir / rundir.RECORD).write_text("{torn")
     torn = runrecord.load(run, 2)

@@ -388,3 +388,20 @@ def test_a_cancel_verdict_while_the_end_is_recorded_is_not_a_restart(tmp_path: P
               "culprits": []}
     st = derive(Run(tmp_path).attempt(1, T0, 0, 19, verdict=cancel).dir, {"100": JobInfo("100", "RUNNING")})
     assert st.state == "training" and not st.attempts[0].culprits
+
+
+def test_the_attempts_table_fits_80_columns_without_breaking_a_word(tmp_path: Path) -> None:
+    """A default terminal (or a pipe): `straggler` and `script failed` wrap between words, never inside one."""
+    from typer.testing import CliRunner
+
+    run = Run(tmp_path / "runs")
+    run.attempt(1, T0, 0, 19, job="1234567").end(1, 83, T0 + 100, history.NEXT_CONTINUATION, "straggler", next_job="1234568")
+    run.attempt(2, T0 + 200, 20, 39, job="1234568").end(2, 84, T0 + 300, history.NEXT_ALLOCATION, "script failed")
+    run.attempt(3, T0 + 400, 40, 59, job="1234568").end(3, 88, T0 + 500, history.NEXT_STOP, "script error")  # ended: no query
+    shown = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["status", str(run.dir.path)]).output
+    assert "#  job" in shown, shown
+    at = shown.index("#  job")
+    lines = shown[at:].splitlines()[:-1]  # the table (the run's path under it is one line, for scripts that read it)
+    assert lines and max(map(len, lines)) <= 80, shown
+    assert any(" straggler " in line for line in lines) and not any(line.rstrip().endswith("straggl") for line in lines), shown
+    assert not any(line.rstrip().endswith(("scrip", "strag")) for line in lines), shown

@@ -6,6 +6,7 @@ import json
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -86,29 +87,47 @@ def _facts_table(title: str, group: dict[str, Any], said: dict[str, str], skip: 
     return table
 
 
-def _nodes_table(nodes: list[dict[str, Any]]) -> tuple[Table, dict[str, str]]:
-    """Nodes with versions, driver and switches; the environment common to all nodes returned apart."""
+NODE_COLUMNS = ("host", "ranks", "python", "torch", "cuda", "nccl", "driver", "switches", "env differs")
+WIDE_S = 120  # columns a terminal needs for the nodes as one table; narrower, each node is a block of its own
+
+
+def _nodes_table(nodes: list[dict[str, Any]], width: int) -> tuple[Table | Group, dict[str, str]]:
+    """Nodes with versions, driver and switches (a table, or a block a node on a narrow terminal: 9 columns in 80
+    would break every value); the environment common to all nodes returned apart."""
     envs = [n.get("env") or {} for n in nodes if n.get("env") is not None]
     common = dict(set.intersection(*(set(e.items()) for e in envs))) if envs else {}
-    table = Table(title="Nodes", title_justify="left")
-    for col in ("host", "ranks", "python", "torch", "cuda", "nccl", "driver", "switches", "env differs"):
-        table.add_column(col, overflow="fold")
+    rows = []
     for node in nodes:
         versions = node.get("versions") or {}
         unknown = node.get("unknown") or {}
         differs = sorted(k for k, v in (node.get("env") or {}).items() if common.get(k) != v)
         extra = f" (ranks {flat(node['versions_differ_on_ranks'])} differ)" if node.get("versions_differ_on_ranks") else ""
-        table.add_row(
-            node.get("host", "?"),
-            node.get("ranks", "?"),
+        rows.append((
+            str(node.get("host", "?")),
+            str(node.get("ranks", "?")),
             str(versions.get("python") or "-"),
             str(versions.get("torch") or "-") + extra,
             str(versions.get("cuda") or "-"),
             str(versions.get("nccl") or "-"),
-            node.get("driver") or ("unknown" if "driver" in unknown else "-"),
+            str(node.get("driver") or ("unknown" if "driver" in unknown else "-")),
             " > ".join(node.get("switches") or []) or "-",
             ", ".join(differs) if node.get("env") is not None else "not recorded",
-        )
+        ))
+    if width < WIDE_S:
+        blocks: list[Table] = []
+        for row in rows:
+            block = Table(title=f"Node {row[0]}", title_justify="left", show_header=False, box=None, padding=(0, 2, 0, 0))
+            block.add_column("fact", style="bold", no_wrap=True)
+            block.add_column("value", overflow="fold")
+            for column, value in zip(NODE_COLUMNS[1:], row[1:]):
+                block.add_row(column, value)
+            blocks.append(block)
+        return Group(*blocks), common
+    table = Table(title="Nodes", title_justify="left")
+    for col in NODE_COLUMNS:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
     return table, common
 
 
@@ -126,7 +145,7 @@ def render(record: dict[str, Any]) -> None:
             group = {**group, "switches": {h: " > ".join(p) if p else None for h, p in group["switches"].items()}}
         console.print(_facts_table(title, group, said, SHOWN_ELSEWHERE.get(key, ())))
         if key == "environment" and group.get("nodes"):
-            table, common = _nodes_table(group["nodes"])
+            table, common = _nodes_table(group["nodes"], console.width)
             console.print(table)
             if not common:
                 continue

@@ -74,15 +74,23 @@ def goodput_line(st: RunState) -> str:
 NEXT_WORDS = {"allocation": "restart", "continuation": "job", "requeue": "requeue", "slurm": "requeue", "stop": "stop"}
 
 
+WRAPPED = ("start", "meaning", "steps", "then")  # what wraps on a narrow terminal: between words, never inside one
+
+
 def attempts_table(st: RunState, now: float | None = None) -> Table:
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("#", "job", "nodes", "start", "took", "exit", "meaning", "steps", "then"):
-        table.add_column(column, overflow="fold", no_wrap=column not in ("then", "meaning"))
+    rows = []
     for a in st.attempts:
         then = NEXT_WORDS.get(a.next or "", a.next or "") + (f" {jobid.display(a.next_job, st.backend)}" if a.next_job else "")
-        table.add_row(str(a.attempt), jobid.display(a.job_id, st.backend) or "-", _nodes(a), clock(a.start, now),
-                      duration((a.end or (now if now is not None else time.time())) - a.start) if a.start else "-", "-" if a.exit_code is None else str(a.exit_code),
-                      short_meaning(a), _steps(a), then)
+        rows.append((str(a.attempt), jobid.display(a.job_id, st.backend) or "-", _nodes(a), clock(a.start, now),
+                     duration((a.end or (now if now is not None else time.time())) - a.start) if a.start else "-",
+                     "-" if a.exit_code is None else str(a.exit_code), short_meaning(a), _steps(a), then))
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for i, column in enumerate(("#", "job", "nodes", "start", "took", "exit", "meaning", "steps", "then")):
+        words = [w for row in rows for w in row[i].split()] + [column]
+        table.add_column(column, overflow="fold", no_wrap=column not in WRAPPED,
+                         min_width=max(map(len, words)) if column in WRAPPED else None)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
