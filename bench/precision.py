@@ -21,7 +21,9 @@ spec's defaults. Faults are injected from outside with `clusterctl drill`.
 
 Counted: `false_verdicts` (a failing verdict in a clean run, or a node
 verdict where the script is at fault), `false_node_blames` (a node in the
-runs root's suspects that no injected fault explains), `recall` (faults found
+scenario's runs root's suspects that no injected fault explains; each
+scenario has a runs root of its own, so one wrong verdict is counted once
+and its suspect excludes no node in the next scenario), `recall` (faults found
 with the exact culprit over faults injected), detection latency per fault
 class (`hang_p50_s`, `hang_p90_s`, `kill_p90_s`, `node_loss_p90_s`, from
 the drill's injection to the verdict; `straggler_steps_p50`,
@@ -87,13 +89,18 @@ class Lab:
     site: str
     show: Callable[[str], None]
     runs: int = 0
+    scenario: str = ""  # each scenario has its own runs root: one wrong verdict's suspects never exclude a node in the next
+
+    @property
+    def root(self) -> Path:
+        return self.scratch / f"runs-{self.scenario}" if self.scenario else self.scratch / "runs"
 
     def spec(self, name: str, command: list[str], env: dict[str, str] | None = None, **extra: Any) -> Path:
         self.runs += 1
         path = self.scratch / f"{name}-{self.runs}.yaml"
         body: dict[str, Any] = {
             "name": name, "site": self.site, "nodes": 2, "gpus_per_node": 2, "time_limit": "2h",
-            "runs_root": str(self.scratch / "runs"), "command": command, "env": env or {},
+            "runs_root": str(self.root), "command": command, "env": env or {},
             "checkpoint": {"interval": 50, "keep": 1},
             **extra,
         }
@@ -160,7 +167,7 @@ def cancel(run: Path) -> None:
 
 
 def suspects(lab: Lab) -> list[dict[str, Any]]:
-    out = subprocess.run([*CLUSTERCTL, "suspects", "--runs-root", str(lab.scratch / "runs"), "--all", "--json"],
+    out = subprocess.run([*CLUSTERCTL, "suspects", "--runs-root", str(lab.root), "--all", "--json"],
                          capture_output=True, text=True, timeout=120)
     try:
         return json.loads(out.stdout)
@@ -194,16 +201,21 @@ def culprit_hosts(report: dict[str, Any]) -> set[str]:
     return {str(c["host"]) for c in report.get("culprits") or [] if isinstance(c, dict) and c.get("host")}
 
 
-def new_blames(lab: Lab, before: int, allowed: set[str] = frozenset()) -> list[str]:
-    """Suspect lines appended since `before` that name a node outside `allowed`."""
-    found = suspects(lab)[before:]
+def seen(lab: Lab) -> set[str]:
+    """The suspect lines there are now, each as a key (the listing is sorted by node, not by when they came)."""
+    return {json.dumps(s, sort_keys=True) for s in suspects(lab)}
+
+
+def new_blames(lab: Lab, before: set[str], allowed: set[str] = frozenset()) -> list[str]:
+    """Suspect lines that came since `before` (seen) naming a node outside `allowed`."""
+    found = [s for s in suspects(lab) if json.dumps(s, sort_keys=True) not in before]
     return [f"{s.get('node')}: {s.get('reason', '')[:120]}" for s in found if s.get("node") not in allowed]
 
 
 # --- clean runs ---------------------------------------------------------------------------
 def clean(lab: Lab, name: str, minutes: float, command: list[str], env: dict[str, str] | None = None,
           load: int = 0, **extra: Any) -> Outcome:
-    before = len(suspects(lab))
+    before = seen(lab)
     out = Outcome(name, "clean", loaded=load >= 4)
     with burners(load):
         run = lab.submit(lab.spec(name, command, env, **extra))
@@ -231,7 +243,7 @@ def preflight_compute(lab: Lab, runs: int, load: int = 4) -> Outcome:
     compute and comm checks, each of whose verdicts (83 before training) would end a healthy attempt."""
     from clusterctl.config.spec import DEFAULT_PREFLIGHT
 
-    before = len(suspects(lab))
+    before = seen(lab)
     out = Outcome(f"compute check at load {load}", "clean", loaded=load >= 4)
     with burners(load):
         for _ in range(runs):
@@ -250,7 +262,7 @@ def plain(step_s: float, steps: int = 100000) -> tuple[list[str], dict[str, str]
 
 def after_warm_restart(lab: Lab, minutes: float) -> Outcome:
     """A killed rank restarts warm; the stretch after it must stay clean (no verdict against its own past)."""
-    before = len(suspects(lab))
+    before = seen(lab)
     run = lab.submit(lab.spec("after-restart", ["python3", "-m", "clusterctl.trainer", "--steps", "100000",
                                                "--step-compute-s", "0.05"]))
     report = drill(run, "--kill", "1")
@@ -275,7 +287,7 @@ def after_warm_restart(lab: Lab, minutes: float) -> Outcome:
 
 # --- script faults ------------------------------------------------------------------------
 def script_fault(lab: Lab, name: str, command: list[str], env: dict[str, str] | None = None, **extra: Any) -> Outcome:
-    before = len(suspects(lab))
+    before = seen(lab)
     out = Outcome(name, "script")
     try:
         run = lab.submit(lab.spec(name.split()[0], command, env, **extra))
@@ -293,7 +305,7 @@ def script_fault(lab: Lab, name: str, command: list[str], env: dict[str, str] | 
 # --- real faults --------------------------------------------------------------------------
 def real_fault(lab: Lab, name: str, kind: str, drill_args: list[str], command: list[str], env: dict[str, str] | None = None,
                **extra: Any) -> Outcome:
-    before = len(suspects(lab))
+    before = seen(lab)
     out = Outcome(name, "real", kind=kind)
     run = lab.submit(lab.spec(kind, command, env, spares=1, **extra))
     if kind == "straggler":
@@ -418,9 +430,10 @@ def main() -> None:
         os.environ["CLUSTERCTL_LOCAL_STATE"] = str(scratch / "local-state")
         os.chdir(scratch)  # the ranks' directory: the path typo is looked for here
         lab = Lab(scratch, "slurm-lab" if args.lab else "local", show)
-        for _ in range(args.repeat):
+        for repeat in range(args.repeat):
             for name, run in scenarios:
                 began = time.monotonic()
+                lab.scenario = f"{name}-{repeat}"
                 o = run(lab)
                 outcomes.append(o)
                 tail = "" if o.found is None else f" found={o.found} latency={o.latency}"
