@@ -352,3 +352,25 @@ def test_step_time_reads_in_seconds_at_8_and_at_512_ranks(ranks: int, tmp_path: 
     assert width <= 1200 and height <= 600  # one screen, whatever the rank count
 
     assert [_seconds(plt)(v, None) for v in (0.6, 0.25, 1.5, 0)] == ["600 ms", "250 ms", "1.5 s", "0"]  # not 6x10^-1
+
+
+def test_the_page_shows_figures_as_the_terminal_does() -> None:
+    """18,357 tokens/s on the page as on the terminal, never 1.836e+04."""
+    from clusterctl.views.report import page
+
+    html = page.render({"run": "r", "tokens_per_s_median": 18357.4, "attempts": 1, "final_loss": 0.123456}, None, [], None, "")
+    assert "18,357" in html and "e+04" not in html and "0.1235" in html
+
+
+def test_close_verdict_labels_stack_and_a_spiky_loss_goes_on_a_log_axis() -> None:
+    """Four attempts' report: verdicts seconds apart get rows of their own; a first spike 100x the later loss would
+    flatten every later attempt on a linear axis."""
+    import numpy as np
+
+    from clusterctl.views.report.plots import label_rows, loss_scale
+
+    assert label_rows([0.0, 1.0, 2.0, 50.0, 51.0], span=100.0) == [0, 1, 2, 0, 1]
+    assert label_rows([0.0, 20.0, 40.0], span=100.0) == [0, 0, 0]
+    assert loss_scale(np.array([300.0, 40.0, *np.linspace(3.0, 2.0, 200)])) == "log"
+    assert loss_scale(np.linspace(3.0, 2.0, 200)) == "linear"
+    assert loss_scale(np.array([5.0, -1.0, 0.5, 0.4, 0.3])) == "linear"  # a loss that goes negative: no log axis

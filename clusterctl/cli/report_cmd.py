@@ -16,6 +16,7 @@ from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
+from clusterctl.syntax.units import format_figure
 
 OutOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="directory for index.html and the PNGs (default: RUN/report)")
@@ -26,17 +27,7 @@ ATTEMPT_COLUMNS = {"attempt": "attempt", "job_id": "job", "nodes": "nodes", "exi
                    "steps": "steps"}
 
 
-def _f(value: Any, spec: str = ".4g") -> str:
-    """A figure as people read it: 25,320 rather than 2.532e+04; - when unknown."""
-    if value is None:
-        return "-"
-    if isinstance(value, float) and abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if isinstance(value, float):
-        return format(value, spec)
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10000:
-        return f"{value:,}"
-    return str(value)
+_f = format_figure
 
 
 def _said(culprit: dict[str, Any], message: str) -> bool:

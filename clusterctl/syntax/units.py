@@ -104,3 +104,17 @@ def format_gb(n: float) -> str:
     if abs(n) >= 1e8:
         return f"{n / 1e9:.2f} GB"
     return f"{n / 1e6:.1f} MB"
+
+
+def format_figure(value: object, spec: str = ".4g") -> str:
+    """A figure as people read it, on the terminal and in the report page alike: 25,320 rather than 2.532e+04;
+    "-" when unknown."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if isinstance(value, float):
+        return format(value, spec)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10000:
+        return f"{value:,}"
+    return str(value)

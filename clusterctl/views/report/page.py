@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+from clusterctl.syntax.units import format_figure
 from clusterctl.views.report.plots import FILES
 
 CAPTIONS = {
@@ -40,12 +41,7 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+_fmt = format_figure  # the terminal's figures: 18,357 tokens/s, not 1.836e+04
 
 
 def _when(ts: Any) -> str:

@@ -79,22 +79,43 @@ def _mark(ax: Any, x: float, label: str, colour: str = "#7f7f7f") -> None:
 VERDICT_COLOUR = "#d62728"
 
 
+LABEL_GAP = 0.12  # of the axis' width: verdict labels closer than this go on the next row up
+LABEL_ROW_PT = 12  # points between rows of verdict labels
+
+
+def label_rows(xs: list[float], span: float) -> list[int]:
+    """The row (0 at the bottom) of each label at `xs`, so that no two on a row are closer than LABEL_GAP * span:
+    verdicts seconds apart would print over each other ("verdict 84: verdict 83: ran...")."""
+    rows: list[int] = []
+    last: list[float] = []  # the rightmost label's x on each row
+    for x in xs:
+        row = next((r for r, at in enumerate(last) if x - at >= LABEL_GAP * span), len(last))
+        if row == len(last):
+            last.append(x)
+        last[row] = x
+        rows.append(row)
+    return rows
+
+
+def _verdict_lines(ax: Any, placed: list[tuple[float, VerdictMark]]) -> None:
+    placed = sorted(placed, key=lambda p: p[0])
+    lo, hi = ax.get_xlim()
+    for (x, v), row in zip(placed, label_rows([x for x, _ in placed], max(hi - lo, 1e-9))):
+        _verdict_line(ax, x, v, row)
+
+
 def _verdicts_on_time(ax: Any, marks: list[VerdictMark], origin: float, div: float) -> None:
     """Each failed verdict as a red line at its time, labelled with its code and the blamed rank."""
-    for v in marks:
-        if v.t is not None:
-            _verdict_line(ax, (v.t - origin) / div, v)
+    _verdict_lines(ax, [((v.t - origin) / div, v) for v in marks if v.t is not None])
 
 
 def _verdicts_on_steps(ax: Any, marks: list[VerdictMark]) -> None:
-    for v in marks:
-        if v.step is not None:
-            _verdict_line(ax, float(v.step), v)
+    _verdict_lines(ax, [(float(v.step), v) for v in marks if v.step is not None])
 
 
-def _verdict_line(ax: Any, x: float, v: VerdictMark) -> None:
+def _verdict_line(ax: Any, x: float, v: VerdictMark, row: int = 0) -> None:
     ax.axvline(x, color=VERDICT_COLOUR, linewidth=1.6, alpha=0.9)
-    ax.annotate(f"verdict {v.label}", xy=(x, 0.0), xycoords=("data", "axes fraction"), xytext=(3, 3),
+    ax.annotate(f"verdict {v.label}", xy=(x, 0.0), xycoords=("data", "axes fraction"), xytext=(3, 3 + row * LABEL_ROW_PT),
                 textcoords="offset points", ha="left", va="bottom", fontsize=9, color=VERDICT_COLOUR, weight="bold",
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1})
 
@@ -118,6 +139,18 @@ def _seconds(plt: Any) -> Any:
         return f"{v * 1000:.3g} ms" if v < 1 else f"{v:.3g} s"
 
     return FuncFormatter(fmt)
+
+
+LOG_LOSS_RANGE = 10.0  # the loss's top over its low tail beyond which the axis is logarithmic
+
+
+def loss_scale(loss: np.ndarray) -> str:
+    """"log" where the loss spans more than LOG_LOSS_RANGE (its max over its 10th percentile) and is positive
+    throughout, else "linear"."""
+    finite = loss[np.isfinite(loss)]
+    if finite.size < 2 or (finite <= 0).any():
+        return "linear"
+    return "log" if finite.max() / np.percentile(finite, 10) > LOG_LOSS_RANGE else "linear"
 
 
 def plot_loss(plt: Any, data: RunData, path: Path, marks: list[VerdictMark] | None = None) -> None:
@@ -144,8 +177,10 @@ def plot_loss(plt: Any, data: RunData, path: Path, marks: list[VerdictMark] | No
     _verdicts_on_time(bottom, marks or [], origin, div)
     top.set_xlabel("step")
     bottom.set_xlabel(f"wall-clock time since the first attempt began ({unit})")
+    scale = loss_scale(np.concatenate([a.metrics.loss for a in with_steps]))
     for ax in (top, bottom):
-        ax.set_ylabel("loss")
+        ax.set_yscale(scale)  # early spikes on a linear axis flatten every later attempt
+        ax.set_ylabel("loss" + (" (log scale)" if scale == "log" else ""))
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=9)
     top.set_title("Loss against step (above) and wall-clock time (below); dashed: an attempt began; red: a verdict")
@@ -370,6 +405,7 @@ def plot_attempts(plt: Any, data: RunData, fig_data: Figures, path: Path, submit
         ax.broken_barh([((lo - origin) / div, (hi - lo) / div)], (y - height / 2, height), facecolors=GANTT[kind][0], **kw)
 
     prev = None
+    data_end = max((t for a in data.attempts for t in (a.start, a.end, *a.metrics.t[-1:]) if t is not None), default=origin)
     for i, a in enumerate(data.attempts):
         y = n - 1 - i
         if a.start is not None:
@@ -398,8 +434,10 @@ def plot_attempts(plt: Any, data: RunData, fig_data: Figures, path: Path, submit
         if a.next_how:
             label += f"  \u2192 next: {a.next_how}"
         x0 = min((t for t in (a.start, first, last, a.end) if t is not None), default=origin)
-        ax.text((x0 - origin) / div, y + 0.3, label, va="bottom", ha="left", fontsize=8.5,
-                color="#2ca02c" if ok else "#d62728", clip_on=False)
+        x1 = max((t for t in (a.start, first, last, a.end) if t is not None), default=origin)
+        right = (x0 - origin) > 0.5 * (data_end - origin)  # an attempt late in the run: its text ends at its end
+        ax.text(((x1 if right else x0) - origin) / div, y + 0.3, label, va="bottom", ha="right" if right else "left",
+                fontsize=8.5, color="#2ca02c" if ok else "#d62728", clip_on=False)
         prev = a
     _verdicts_on_time(ax, fig_data.verdicts, origin, div)
     ax.set_yticks(range(n))
