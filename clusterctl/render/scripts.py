@@ -270,6 +270,7 @@ def render_run(
         "package_dir": container.package_dir if container else "",
         "task_vars": task_vars(VISIBILITY_VAR[node_type.gpu_vendor]),
         "rank_env": str(run_dir / rundir.RANK_ENV),
+        "restart_budget": spec.restart.budget,
     }
     env = template_env(site_templates_dir(plan, site_path))
     try:

@@ -33,6 +33,10 @@ if ! [[ "$gpu" =~ ^[0-9]+$ ]] || (( gpu >= ${#GPU_CPUS[@]} )); then
 fi
 
 export RANK=$rank WORLD_SIZE=8 LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=4 GROUP_RANK=$(( rank / 4 ))
+# The rest of what torchrun sets (docs/guide/own-script.md has the table): one role, the run's restarts so far.
+# Not TORCHELASTIC_RUN_ID: it would make torch and Lightning take the job for torchrun's (is_torchelastic_launched).
+export GROUP_WORLD_SIZE=2 ROLE_RANK=$rank ROLE_WORLD_SIZE=8 ROLE_NAME=default
+export TORCHELASTIC_RESTART_COUNT=$(( ${CLUSTERCTL_ATTEMPT:-1} - 1 )) TORCHELASTIC_MAX_RESTARTS=3
 export CUDA_VISIBLE_DEVICES=$device
 export OMP_NUM_THREADS=${GPU_NCPUS[gpu]}
 (( OMP_NUM_THREADS > 0 )) || OMP_NUM_THREADS=1
