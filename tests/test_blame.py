@@ -43,6 +43,17 @@ def test_the_same_exception_on_ranks_of_every_node_is_the_scripts_though_others_
     assert sorted(v["rank"] for v in verdict.victims) == [1, 3]
 
 
+def test_set_device_local_rank_on_every_node_is_the_scripts_and_the_verdict_says_the_fix() -> None:
+    """torchrun's `torch.cuda.set_device(LOCAL_RANK)`: each rank sees one GPU, so LOCAL_RANK 1 fails on every node;
+    LOCAL_RANK 0 waits for it. No node is blamed, and the verdict says what to write instead."""
+    ordinal = TB.format("torch.AcceleratorError: CUDA error: invalid device ordinal")
+    errors = {1: ordinal, 3: ordinal, 0: "RuntimeError: [gloo] Connection closed by peer"}
+    verdict = blame_end(facts(errors, steps={r: 0 for r in range(4)}))
+    assert verdict.code == ExitCode.SCRIPT_ERROR and verdict.fault == "script"
+    assert sorted(c["rank"] for c in verdict.culprits) == [1, 3]
+    assert "set_device(LOCAL_RANK % torch.cuda.device_count())" in verdict.message
+
+
 def test_peer_failures_on_every_rank_never_count_as_the_same_exception() -> None:
     errors = {r: "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer" for r in range(4)}
     verdict = blame_end(facts(errors))

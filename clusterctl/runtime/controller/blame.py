@@ -269,8 +269,9 @@ def _script_message(facts: Facts, culprits: dict[int, Own], how: str) -> str:
     where = f"every rank ({len(ranks)})" if len(ranks) == facts.world else f"{len(ranks)} rank(s) on every node"
     if how != "the same way":
         where = f"{len(ranks)} rank(s) on {len(nodes)} node(s) ({_ranks_text(ranks)})"
+    known = errorpatterns.hint(quoted)
     return (f"the script failed {how} on {where}: {quoted}; this is the script's error, not a node's:"
-            " no node is blamed and the run stops (fix it, then `clusterctl requeue RUN`)")
+            " no node is blamed and the run stops (fix it, then `clusterctl requeue RUN`)" + (f"; {known}" if known else ""))
 
 
 def _ranks_text(ranks: list[int], shown: int = 8) -> str:

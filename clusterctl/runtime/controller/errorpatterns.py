@@ -51,6 +51,12 @@ EARLY_ERRORS = (
     "SyntaxError", "IndentationError", "TabError", "ImportError", "ModuleNotFoundError", "FileNotFoundError",
 )
 ARGPARSE_EXIT = "SystemExit(2)"  # argparse's own exit for a bad command line
+# Script errors whose fix is known, and what to say about it in the verdict (docs/guide/own-script.md).
+HINTS = (
+    (re.compile(r"invalid device ordinal", re.I),
+     "each rank sees one GPU, its own, as device 0: torch.cuda.set_device(LOCAL_RANK) names one it cannot see;"
+     " use set_device(LOCAL_RANK % torch.cuda.device_count()), or device cuda"),
+)
 _NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?")
 _EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)|[A-Z]\w*)(: |$)")
 
@@ -73,6 +79,11 @@ def exception_type(text: str) -> str:
 def signature(text: str) -> str:
     """What makes two ranks' errors "the same": the exception line with every number replaced by N."""
     return _NUMBER.sub("N", last_line(text))
+
+
+def hint(text: str) -> str:
+    """What fixes a script error of a known kind, or ""."""
+    return next((said for pattern, said in HINTS if pattern.search(text)), "")
 
 
 def is_peer_failure(text: str) -> bool:
