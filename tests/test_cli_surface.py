@@ -194,8 +194,20 @@ def test_a_runs_root_on_a_missing_file_system_is_refused_not_created(tmp_path: P
     spec = write_spec(tmp_path, site="local", nodes=1, gpus_per_node=1, command=["true"], runs_root="/nonexistent-fs/clusterctl/runs")
     refused = cli("submit", spec, "--dry-run", cwd=tmp_path)
     assert refused.exit_code == ExitCode.BAD_CONFIG
-    assert "runs_root: got '/nonexistent-fs/clusterctl/runs'" in refused.stderr and "/nonexistent-fs/clusterctl does not" in refused.stderr
+    assert "runs_root (line 8): got '/nonexistent-fs/clusterctl/runs'" in refused.stderr and "/nonexistent-fs/clusterctl does not" in refused.stderr
     assert not Path("/nonexistent-fs").exists()
+
+
+def test_problems_found_when_the_run_is_rendered_name_their_spec_line(tmp_path: Path) -> None:
+    """A runs root sbatch cannot read unquoted, an unset variable in it, a missing command: found while rendering,
+    reported like the planner's problems, with the line of the field."""
+    for root, needle in ((str(tmp_path / "my runs"), "expected an absolute path of letters"),
+                         ("$NO_SUCH_VARIABLE_HERE/runs", "NO_SUCH_VARIABLE_HERE is not set")):
+        spec = write_spec(tmp_path, site="local", nodes=1, gpus_per_node=1, command=["true"], runs_root=root)
+        line = next(i for i, text in enumerate(spec.read_text().splitlines(), 1) if text.startswith("runs_root:"))
+        refused = cli("submit", spec, "--dry-run", cwd=tmp_path)
+        assert refused.exit_code == ExitCode.BAD_CONFIG, refused.output
+        assert f"runs_root (line {line})" in refused.stderr and needle in refused.stderr, refused.stderr
 
 
 def test_site_names_are_found_in_site_configs_and_an_unknown_gpu_is_never_guessed(tmp_path: Path) -> None:

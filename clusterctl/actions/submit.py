@@ -60,7 +60,13 @@ def local_suspects(config: JobConfig, now: float | None = None) -> dict[str, Sus
     """The active suspect nodes of the runs root the job's run will be created in ({} when the site keeps none)."""
     window_s = config.site.reliability.suspect_hours * 3600
     drills = config.spec.topology.avoid_drill_suspects
-    return suspects.active(roots.of_spec(config.spec.runs_root, config.site.runs_root), window_s, now, drills) if window_s > 0 else {}
+    if window_s <= 0:
+        return {}
+    try:
+        root = roots.of_spec(config.spec.runs_root, config.site.runs_root)
+    except ConfigError as exc:
+        raise config.refused(exc.problems) from None
+    return suspects.active(root, window_s, now, drills)
 
 
 def load_for_submit(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> PlannedJob:
@@ -102,9 +108,13 @@ def refuse_untrusted_places(job: PlannedJob | JobConfig) -> None:
     what the run reads from them runs as its owner (rundir/ownership.py, checkpoint/trust.py)."""
     checkpoints = Path(job.spec.checkpoint.dir).expanduser() if job.spec.checkpoint.dir else None
     field = "runs_root" if job.spec.runs_root else "site runs_root"
-    problems = untrusted_places(roots.of_spec(job.spec.runs_root, job.site.runs_root), field, checkpoints)
+    try:
+        root = roots.of_spec(job.spec.runs_root, job.site.runs_root)
+    except ConfigError as exc:
+        raise job.refused(exc.problems) from None
+    problems = untrusted_places(root, field, checkpoints)
     if problems:
-        raise ConfigError(f"job spec {job.spec_path}", problems)
+        raise job.refused(problems)
 
 
 def refuse_untrusted_run(run: RunDir) -> None:

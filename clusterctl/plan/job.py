@@ -29,6 +29,10 @@ class JobConfig:
     site_path: Path
     located: Located  # the spec's YAML with where each value came from (problems name the line)
 
+    def refused(self, problems: list[Problem]) -> ConfigError:
+        """A refusal of problems found after validation (the runs root, its trust), each with its spec line."""
+        return refusal(self.spec_path, self.located, problems)
+
 
 @dataclass(frozen=True)
 class PlannedJob:
@@ -39,6 +43,18 @@ class PlannedJob:
     site: Site
     site_path: Path
     plan: Plan
+    located: Located | None = None  # the spec as read, with its lines: what problems found after planning point at
+
+    def refused(self, problems: list[Problem]) -> ConfigError:
+        """A refusal of problems found after planning (rendering the run), each with its spec line."""
+        return refusal(self.spec_path, self.located, problems)
+
+
+def refusal(spec_path: Path, located: Located | None, problems: list[Problem]) -> ConfigError:
+    """The ConfigError of problems found after the spec was read, with their lines where the spec's YAML is known."""
+    if located is None:
+        return ConfigError(str(spec_path), problems)
+    return ConfigError(located.source, located.with_lines(problems))
 
 
 def _site_ref(spec: JobSpec, spec_path: Path, site_option: str | None) -> str:
@@ -78,7 +94,7 @@ def plan_job(config: JobConfig, suspects: dict[str, Suspect] | None = None) -> P
         plan = make_plan(config.spec, config.site, source=config.located.source, suspects=suspects)
     except ConfigError as exc:
         raise ConfigError(exc.source, config.located.with_lines(exc.problems)) from None
-    return PlannedJob(config.spec_path, config.spec, config.site, config.site_path, plan)
+    return PlannedJob(config.spec_path, config.spec, config.site, config.site_path, plan, config.located)
 
 
 def load_job(spec_path: Path | str, overrides: list[str] | None = None, site: str | None = None) -> PlannedJob:

@@ -6,7 +6,6 @@ so a crash or a rejected submission never leaves a half-made run behind.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from clusterctl.plan.job import JobConfig, PlannedJob
 from clusterctl.plan.memory import oom_problem
 from clusterctl.render.scripts import render_run
 from clusterctl.rundir import RunDir, access, roots
+from clusterctl.rundir.runjson import RunJson
 
 
 def node_python(job: PlannedJob | JobConfig) -> str:
@@ -30,16 +30,22 @@ def node_python(job: PlannedJob | JobConfig) -> str:
 
 
 def _render(job: PlannedJob, final: Path, standalone: bool, run_id: str | None, python: str | None = None,
-            groups_here: bool = True) -> dict[str, str]:
-    """Every file of the run as text, rendered and validated before anything touches the disk."""
+            groups_here: bool = True) -> tuple[dict[str, str], RunJson]:
+    """Every file of the run as text, and its run.json typed, rendered and validated before anything touches the
+    disk; a problem found in rendering names its spec line, as the planner's do."""
     if not job.spec.allow_oom and (problem := oom_problem(job.plan.memory)) is not None:
-        raise ConfigError(str(job.spec_path), [problem])  # a job that cannot fit is refused, not submitted to crash
-    rendered = render_run(
-        job.plan, final, python=python or node_python(job), standalone=standalone, site_path=job.site_path, run_id=run_id,
-        groups_here=groups_here,
-    )
+        raise job.refused([problem])  # a job that cannot fit is refused, not submitted to crash
+    try:
+        rendered = render_run(
+            job.plan, final, python=python or node_python(job), standalone=standalone, site_path=job.site_path,
+            run_id=run_id, groups_here=groups_here,
+        )
+    except ConfigError as exc:
+        if exc.source != "job spec":
+            raise  # the site's templates: their own source
+        raise job.refused(exc.problems) from None
     spec_doc = job.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    return {**rendered.files, rundir.SPEC: yaml.safe_dump(spec_doc, sort_keys=False)}
+    return {**rendered.files, rundir.SPEC: yaml.safe_dump(spec_doc, sort_keys=False)}, rendered.run_json
 
 
 def _write_files(job: PlannedJob, files: dict[str, str], target: Path, final: Path) -> list[Path]:
@@ -57,7 +63,7 @@ def _write_files(job: PlannedJob, files: dict[str, str], target: Path, final: Pa
 
 def write_rendered(job: PlannedJob, out: Path, *, standalone: bool = False) -> list[Path]:
     """`render -o DIR`: write the files into DIR (created only once the job rendered)."""
-    files = _render(job, out, standalone, None)
+    files, _ = _render(job, out, standalone, None)
     try:
         out.mkdir(parents=True, exist_ok=True)
         return _write_files(job, files, out, out)
@@ -68,18 +74,20 @@ def write_rendered(job: PlannedJob, out: Path, *, standalone: bool = False) -> l
 def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None = None) -> RunDir:
     """Make `<runs root>/<run id>/` complete, or not at all (and no runs root for a refused job)."""
     run_id = run_id or rundir.new_run_id(job.spec.name)
-    root = roots.of_spec(job.spec.runs_root, job.site.runs_root)
+    try:
+        root = roots.of_spec(job.spec.runs_root, job.site.runs_root)
+    except ConfigError as exc:
+        raise job.refused(exc.problems) from None
     final = root / run_id
-    files = _render(job, final, standalone, run_id)
+    files, run_json = _render(job, final, standalone, run_id)
     if not root.parent.is_dir():  # a mistyped or absent file system: refused, not created with all its parents
         field = "runs_root" if job.spec.runs_root else "site runs_root"
-        raise ConfigError(str(job.spec_path), [Problem(field, str(job.spec.runs_root or job.site.runs_root), (
+        raise job.refused([Problem(field, str(job.spec.runs_root or job.site.runs_root), (
             f"a directory whose parent exists: {root.parent} does not (create it, or set runs_root to another place)"))])
-    record = json.loads(files[rundir.RUN_JSON])
-    run_access = _access(files)
+    run_access = access.Access(run_json.runs_mode, run_json.runs_group)
     # A new runs root, and a new checkpoint directory outside the run, are as private as the run (and a shared
     # one has the group, setgid, for what the job writes in it); existing ones are never changed.
-    ckpt = Path(record["checkpoint"]["dir"]) if record["checkpoint"].get("dir") else None
+    ckpt = Path(run_json.checkpoint.dir) if run_json.checkpoint.dir else None
     for directory in (root, ckpt):
         if directory is not None and not directory.is_dir() and directory.parent.is_dir():
             directory.mkdir(exist_ok=True)
@@ -95,12 +103,6 @@ def create_run(job: PlannedJob, *, standalone: bool = False, run_id: str | None 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return RunDir(final)
-
-
-def _access(files: dict[str, str]) -> access.Access:
-    """Who may read the run, as its rendered run.json says."""
-    record = json.loads(files[rundir.RUN_JSON])
-    return access.Access(record["runs_mode"], record["runs_group"])
 
 
 def _populate(job: PlannedJob, files: dict[str, str], target: Path, final: Path, ship_from: Path | None,
@@ -125,7 +127,7 @@ def stage_run(job: PlannedJob, final: Path, stage: Path, python: str, ship_from:
     files are private here; `submit-run` gives them the run's access there, with the login node's groups (a
     sharing group need not exist on this machine).
     """
-    files = _render(job, final, False, final.name, python, groups_here=False)
+    files, _ = _render(job, final, False, final.name, python, groups_here=False)
     target = stage / final.name
     try:
         _populate(job, files, target, final, ship_from, access.Access())
