@@ -25,7 +25,7 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.exitcodes import PASSTHROUGH, ExitCode
 from clusterctl.plan import Plan
 from clusterctl.plan.binding import VISIBILITY_VAR, binding_table
-from clusterctl.render.container import apptainer_flags, pyxis_flags, rank_env_names, task_vars
+from clusterctl.render.container import ContainerPlan, apptainer_flags, pyxis_flags, rank_env_names, task_vars
 from clusterctl.render.container import resolve as resolve_container
 from clusterctl.rundir import attemptjson, secretenv
 from clusterctl.rundir.access import GROUP, Access
@@ -140,6 +140,21 @@ def launcher_argv(plan: Plan, python: str, standalone: bool) -> list[str]:
     return [python, "-m", "clusterctl.launch", "--", *command]
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """What the batch script, the wrapper and run.json are rendered from, decided once."""
+
+    access: Access
+    container: ContainerPlan | None
+    table: list[Any]  # the node type's binding table, a row a GPU
+    cpus_per_task: int
+    port_range: Any
+    srun_extra: list[str]
+    site_env: dict[str, str]
+    warm: list[str]
+    checkpoints: Path | None
+
+
 def render_run(
     plan: Plan,
     run_dir: Path,
@@ -151,6 +166,36 @@ def render_run(
     groups_here: bool = True,
 ) -> Rendered:
     """Render the batch script, wrapper and run.json for a run directory at `run_dir`."""
+    parts = _parts(plan, run_dir, python, standalone, run_id, groups_here)
+    spec, container = plan.spec, parts.container
+    common = _common(plan)
+    argv = launcher_argv(plan, container.python if container else python, standalone)
+    sbatch_ctx = _sbatch_context(plan, run_dir, python, standalone, parts, common)
+    wrapper_ctx = _wrapper_context(plan, run_dir, parts, common, argv)
+    table, port_range, warm, access = parts.table, parts.port_range, parts.warm, parts.access
+    env = template_env(site_templates_dir(plan, site_path))
+    try:
+        sbatch = env.get_template(SBATCH_TEMPLATE).render(sbatch_ctx)
+        wrapper = env.get_template(WRAPPER_TEMPLATE).render(wrapper_ctx)
+    except jinja2.TemplateError as exc:
+        where = getattr(exc, "filename", None) or getattr(exc, "name", None) or "template"
+        raise ConfigError("templates", [Problem("templates", str(where), f"expected a template that renders ({exc})")]) from None
+    run_json = build_run_json(plan, run_id, table, argv, port_range, standalone)
+    run_json = replace(run_json, restart=replace(run_json.restart, warm=bool(warm)),
+                       runs_mode=access.mode, runs_group=access.group, secret_env=tuple(spec.secret_env),
+                       container=container.runtime if container else "")
+    return Rendered(
+        files={
+            rundir.SBATCH: sbatch,
+            rundir.WRAPPER: wrapper,
+            rundir.RUN_JSON: run_json.to_json(),
+        },
+        run_json=run_json,
+    )
+
+
+def _parts(plan: Plan, run_dir: Path, python: str, standalone: bool, run_id: str | None, groups_here: bool) -> _Parts:
+    """The decisions the three files share, after the checks only a run's place can make (ConfigError)."""
     spec, site, node_type = plan.spec, plan.site, plan.node_type
     problems = []
     if not spec.command:
@@ -171,7 +216,6 @@ def render_run(
         raise ConfigError("job spec", problems)
 
     table = binding_table(node_type)
-    layout = plan.dims.layout
     gpn = plan.gpus_per_node
     cpus_per_task = 1 if site.oversubscribe else max(1, min(row.ncpus for row in table[:gpn]))
     port_range = spec.rendezvous.port_range or site.network.port_range
@@ -182,7 +226,13 @@ def render_run(
         srun_extra += pyxis_flags(container, VISIBILITY_VAR[node_type.gpu_vendor])
     site_env = job_site_env(plan)
     warm = warm_argv(plan, python, standalone, container is not None, run_dir)
-    common = {
+    return _Parts(access, container, table, cpus_per_task, port_range, srun_extra, site_env, warm, checkpoints)
+
+
+def _common(plan: Plan) -> dict[str, Any]:
+    """What both templates read: the job's sizes, the exit codes, the environment variables' names."""
+    spec, gpn = plan.spec, plan.gpus_per_node
+    return {
         "name": spec.name,
         "world": plan.world_size,
         "nodes": plan.nodes,
@@ -191,7 +241,15 @@ def render_run(
         "exit": {c.name: int(c) for c in ExitCode},
         "env": {k: getattr(envnames, k) for k in dir(envnames) if k.isupper() and isinstance(getattr(envnames, k), str)},
     }
-    sbatch_ctx = {
+
+
+def _sbatch_context(plan: Plan, run_dir: Path, python: str, standalone: bool, parts: _Parts,
+                    common: dict[str, Any]) -> dict[str, Any]:
+    """job.sbatch.j2's context: the allocation's directives, the rendezvous, the processes it starts, the files."""
+    spec, site = plan.spec, plan.site
+    container, warm, site_env, access, checkpoints = parts.container, parts.warm, parts.site_env, parts.access, parts.checkpoints
+    cpus_per_task, port_range, srun_extra = parts.cpus_per_task, parts.port_range, parts.srun_extra
+    return {
         **common,
         "partition": plan.partition,
         "account": spec.account,
@@ -249,8 +307,13 @@ def render_run(
         "aggregator_log": rundir.AGGREGATOR_LOG.format(slot="%n"),
         "aggregator_srun_log": rundir.AGGREGATOR_SRUN_LOG,
     }
-    argv = launcher_argv(plan, container.python if container else python, standalone)
-    wrapper_ctx = {
+
+
+def _wrapper_context(plan: Plan, run_dir: Path, parts: _Parts, common: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """wrapper.sh.j2's context: the rank's binding table, its coordinates, its command, its container."""
+    spec, node_type, layout = plan.spec, plan.node_type, plan.dims.layout
+    container, table = parts.container, parts.table
+    return {
         **common,
         "node_type": plan.node_type_name,
         "table": table,
@@ -272,25 +335,6 @@ def render_run(
         "rank_env": str(run_dir / rundir.RANK_ENV),
         "restart_budget": spec.restart.budget,
     }
-    env = template_env(site_templates_dir(plan, site_path))
-    try:
-        sbatch = env.get_template(SBATCH_TEMPLATE).render(sbatch_ctx)
-        wrapper = env.get_template(WRAPPER_TEMPLATE).render(wrapper_ctx)
-    except jinja2.TemplateError as exc:
-        where = getattr(exc, "filename", None) or getattr(exc, "name", None) or "template"
-        raise ConfigError("templates", [Problem("templates", str(where), f"expected a template that renders ({exc})")]) from None
-    run_json = build_run_json(plan, run_id, table, argv, port_range, standalone)
-    run_json = replace(run_json, restart=replace(run_json.restart, warm=bool(warm)),
-                       runs_mode=access.mode, runs_group=access.group, secret_env=tuple(spec.secret_env),
-                       container=container.runtime if container else "")
-    return Rendered(
-        files={
-            rundir.SBATCH: sbatch,
-            rundir.WRAPPER: wrapper,
-            rundir.RUN_JSON: run_json.to_json(),
-        },
-        run_json=run_json,
-    )
 
 
 def spec_hash(spec: Any) -> str:
