@@ -257,7 +257,42 @@ def node_type_from_facts(
     if not gpus:
         raise ConfigError(src, [Problem("", OMIT, "describes no GPU")])
 
-    # CPUs and NUMA nodes.
+    own = _cpus(facts, gpus, warnings)
+    chosen, nic_section = _nics(facts, opts, gpus, warnings, allow_no_nic)
+    model, memory = _gpu(facts, opts, warnings)
+    domain = opts.nvlink_domain or facts.nvlink_domain or 1
+    numa_nodes = {g.numa for g in gpus}
+    sockets = opts.sockets or facts.sockets or max(1, len(numa_nodes))
+    host = opts.host_memory_gb or facts.host_memory_gb
+    if host is None:
+        warnings.append("host_memory_gb unknown: pass --host-memory-gb or --slurm-conf (RealMemory), or edit the YAML;"
+                        " without it in-memory snapshots are not checked against the nodes' memory")
+    data = {
+        "gpu_model": model,
+        "gpu_vendor": facts.gpu_vendor,
+        "gpu_memory_gb": None if memory is None else round(float(memory), 1) if float(memory) % 1 else int(memory),
+        **({"host_memory_gb": round(float(host), 1) if float(host) % 1 else int(host)} if host else {}),
+        "nvlink_domain": domain,
+        "sockets": sockets,
+        "gpus": [
+            FlowMap(
+                {
+                    "index": g.index,
+                    "numa": g.numa,
+                    "cpus": format_cpulist(own[pos] or frozenset()),
+                    "nics": [chosen[g.index]] if chosen[g.index] else [],
+                }
+            )
+            for pos, g in enumerate(gpus)
+        ],
+        "nics": nic_section,
+    }
+    return data, warnings
+
+
+def _cpus(facts: NodeFacts, gpus: list[Any], warnings: list[str]) -> list[frozenset[int] | None]:
+    """Each GPU's own CPUs (shared lists split into whole cores), its NUMA node filled in where the input left it."""
+    src = facts.source
     for gpu in gpus:
         if gpu.cpus is None and gpu.numa is not None and facts.numa_cpus and gpu.numa in facts.numa_cpus:
             gpu.cpus = facts.numa_cpus[gpu.numa]
@@ -298,8 +333,13 @@ def node_type_from_facts(
             f"{src}: GPU {format_cpulist(shared)} share their CPU lists;"
             " each got a contiguous share of whole cores (see docs/admin/sites.md, the CPU split rule)"
         )
+    return own
 
-    # NICs.
+
+def _nics(facts: NodeFacts, opts: ImportOptions, gpus: list[Any], warnings: list[str],
+          allow_no_nic: bool) -> tuple[dict[int, str | None], dict[str, Any]]:
+    """The NIC each GPU uses (GPU index -> NIC name), and the site's `nics:` section with the rails numbered."""
+    src = facts.source
     names = {n.name for n in facts.nics}
     for name in opts.extra_nics:
         if name not in names:
@@ -357,7 +397,11 @@ def node_type_from_facts(
             entry["netdev"] = nic.netdev
         entry["kind"] = nic.kind or guess_kind(nic.name)
         nic_section[nic.name] = FlowMap(entry)
+    return chosen, nic_section
 
+
+def _gpu(facts: NodeFacts, opts: ImportOptions, warnings: list[str]) -> tuple[str, float | None]:
+    """The GPU model and its memory: given, reported, or known for the model; never a guess (None: left empty)."""
     model = opts.gpu_model or facts.gpu_model
     memory = opts.gpu_memory_gb or facts.gpu_memory_gb
     if memory is None and model:
@@ -373,34 +417,7 @@ def node_type_from_facts(
     if not model:
         model = "unknown"
         warnings.append("gpu_model unknown: pass --gpu-model (e.g. H100-SXM5-80GB), or edit the YAML")
-    domain = opts.nvlink_domain or facts.nvlink_domain or 1
-    numa_nodes = {g.numa for g in gpus}
-    sockets = opts.sockets or facts.sockets or max(1, len(numa_nodes))
-    host = opts.host_memory_gb or facts.host_memory_gb
-    if host is None:
-        warnings.append("host_memory_gb unknown: pass --host-memory-gb or --slurm-conf (RealMemory), or edit the YAML;"
-                        " without it in-memory snapshots are not checked against the nodes' memory")
-    data = {
-        "gpu_model": model,
-        "gpu_vendor": facts.gpu_vendor,
-        "gpu_memory_gb": None if memory is None else round(float(memory), 1) if float(memory) % 1 else int(memory),
-        **({"host_memory_gb": round(float(host), 1) if float(host) % 1 else int(host)} if host else {}),
-        "nvlink_domain": domain,
-        "sockets": sockets,
-        "gpus": [
-            FlowMap(
-                {
-                    "index": g.index,
-                    "numa": g.numa,
-                    "cpus": format_cpulist(own[pos] or frozenset()),
-                    "nics": [chosen[g.index]] if chosen[g.index] else [],
-                }
-            )
-            for pos, g in enumerate(gpus)
-        ],
-        "nics": nic_section,
-    }
-    return data, warnings
+    return model, memory
 
 
 # --- the whole site --------------------------------------------------------------------
