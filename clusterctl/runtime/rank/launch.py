@@ -117,7 +117,6 @@ def preflight(info: Any) -> list[dict[str, Any]]:
 def managed(argv: list[str]) -> int:
     """Preflight, register, wait for the verdict, run the command; the rank's exit code."""
     from clusterctl.runtime.rank import rendezvous
-    from clusterctl.runtime.rank.preflight.gpu import fabric_id
     from clusterctl.runtime.rank.rankinfo import RankInfo
 
     started = time.time()
@@ -126,6 +125,36 @@ def managed(argv: list[str]) -> int:
     checks = preflight(info)
     checked = time.time()
     found = versions()  # imports torch: the one import of this process
+    record = _registration(info, started, checks, checked, found)
+    timeout_s = float(info.run.rendezvous.timeout_s)
+    try:
+        store = rendezvous.connect(info, timeout_s)
+    except Exception as exc:  # noqa: BLE001
+        print(
+            f"clusterctl.launch: rank {info.rank} on {info.host} cannot reach the rendezvous store at"
+            f" {info.master_addr}:{info.master_port}: {exc}",
+            file=sys.stderr,
+        )
+        return int(ExitCode.RENDEZVOUS_FAILED)
+    rendezvous.register(store, info.rank, record, info.token)
+    verdict = rendezvous.await_verdict(store, timeout_s, info.world_size, info.token)
+    if not verdict.ok:
+        if info.rank == 0:
+            print(f"clusterctl: {verdict.message}", file=sys.stderr)
+        return int(verdict.code)
+    if (failed := _post_checks(info, store, timeout_s)) is not None:
+        return failed
+    rendezvous.share_with_process_group(store, info.rank, info.world_size)
+    rendezvous.CURRENT_STORE = store
+    watched(info, cuda=found["nccl"] is not None)
+    return _run_reported(argv, info, store)
+
+
+def _registration(info: Any, started: float, checks: dict[str, Any], checked: float, found: dict[str, Any]) -> dict[str, Any]:
+    """The record this rank registers: who and where it is, its binding, versions, preflight and timings (and, once
+    a node, the node's environment)."""
+    from clusterctl.runtime.rank.preflight.gpu import fabric_id
+
     record = {
         "rank": info.rank,
         "world_size": info.world_size,
@@ -152,22 +181,11 @@ def managed(argv: list[str]) -> int:
         record["driver"] = driver_version()
         if info.rank == 0 and info.run.container:  # inside an image: what rank 0 really ran with
             record["container_env"] = effective_env(secret=info.run.secret_env)
-    timeout_s = float(info.run.rendezvous.timeout_s)
-    try:
-        store = rendezvous.connect(info, timeout_s)
-    except Exception as exc:  # noqa: BLE001
-        print(
-            f"clusterctl.launch: rank {info.rank} on {info.host} cannot reach the rendezvous store at"
-            f" {info.master_addr}:{info.master_port}: {exc}",
-            file=sys.stderr,
-        )
-        return int(ExitCode.RENDEZVOUS_FAILED)
-    rendezvous.register(store, info.rank, record, info.token)
-    verdict = rendezvous.await_verdict(store, timeout_s, info.world_size, info.token)
-    if not verdict.ok:
-        if info.rank == 0:
-            print(f"clusterctl: {verdict.message}", file=sys.stderr)
-        return int(verdict.code)
+    return record
+
+
+def _post_checks(info: Any, store: Any, timeout_s: float) -> int | None:
+    """The opt-in checks after the rendezvous (comm, compute): the failing code, or None when none failed."""
     post = [c for c in info.run.preflight.checks if c in POST_RENDEZVOUS]
     if post:
         from clusterctl.runtime.rank.postchecks import run_post_checks
@@ -179,9 +197,14 @@ def managed(argv: list[str]) -> int:
             return int(failure.code)
         if info.rank == 0:
             print(f"clusterctl: {' and '.join(post)} check passed (attempt-{info.attempt}/checks.json)", flush=True)
-    rendezvous.share_with_process_group(store, info.rank, info.world_size)
-    rendezvous.CURRENT_STORE = store
-    watched(info, cuda=found["nccl"] is not None)
+    return None
+
+
+def _run_reported(argv: list[str], info: Any, store: Any) -> int:
+    """Run the user's command and tell the controller how it ended: returned, stopped on request (85), or failed
+    with its traceback (after the peers' reports, so that the blame sees them all)."""
+    from clusterctl.runtime.rank import rendezvous
+
     try:
         run_command(argv)
     except SystemExit as exc:
