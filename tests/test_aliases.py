@@ -17,6 +17,11 @@ MOVED = {
     "clusterctl.runtime.warm.client": "clusterctl.runtime.node.warm.client",
     "clusterctl.runtime.warm.server": "clusterctl.runtime.node.warm.server",
 }
+ADAPTERS = {  # the rank side's adapters, where users import them (their test loads Lightning and transformers)
+    "clusterctl.integrations.lightning": "clusterctl.integrations.rank.lightning",
+    "clusterctl.integrations.hf": "clusterctl.integrations.rank.hf",
+    "clusterctl.integrations.framework": "clusterctl.integrations.rank.framework",
+}
 USERS_IMPORT = ("clusterctl.watch", "clusterctl.integrations.lightning", "clusterctl.integrations.hf",
                 "clusterctl.integrations.submitit")
 
@@ -48,3 +53,9 @@ def test_what_users_import_is_where_they_import_it(name: str) -> None:
     by their own tests)."""
     assert importlib.util.find_spec(name) is not None, name
     assert callable(importlib.import_module("clusterctl.watch").record)
+
+
+@pytest.mark.parametrize("old", sorted(ADAPTERS))
+def test_an_adapter_imported_by_its_old_name_is_the_moved_module(old: str) -> None:
+    pytest.importorskip("lightning" if old.endswith("lightning") else "transformers" if old.endswith("hf") else "torch")
+    assert importlib.import_module(old) is importlib.import_module(ADAPTERS[old])

@@ -54,7 +54,7 @@ def test_a_framework_script_stops_in_time_resumes_after_a_kill_and_finishes(
 ) -> None:
     script, module = SCRIPTS[framework]
     if (backend, framework) in (("slurm", "lightning"), ("local", "hf")):
-        pytest.skip("the adapters share integrations/framework.py: Lightning runs on the local backend, the Hugging Face"
+        pytest.skip("the adapters share integrations/rank/framework.py: Lightning runs on the local backend, the Hugging Face"
                     " example on the test cluster")
     pytest.importorskip(module, reason=f"the {framework} extra is not installed")
     monkeypatch.chdir(tmp_path)  # the ranks run here (the Trainer's output_dir is relative)

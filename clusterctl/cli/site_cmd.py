@@ -126,10 +126,11 @@ def import_(
 
     The YAML goes to standard output, warnings to standard error.
     """
-    from clusterctl.siteimport.build import ImportOptions, rail_map, to_yaml
+    from clusterctl.siteimport.build import ImportOptions, rail_map
     from clusterctl.siteimport.importer import import_site, slurm_conf_memory
     from clusterctl.siteimport.probe import probe as probe_node
     from clusterctl.siteimport.probe import slurm_release
+    from clusterctl.siteimport.siteyaml import to_yaml
     from clusterctl.syntax.slurmrelease import parse_site_release
 
     if probe and topo is not None:
@@ -175,7 +176,7 @@ def import_(
     if as_json:
         typer.echo(json.dumps(rail_map(built.data["node_types"]["rail map"]), indent=1))
         return
-    typer.echo(to_yaml(built), nl=False)
+    typer.echo(to_yaml(built.data, list(built.sources), list(built.warnings)), nl=False)
 
 
 def node_type_tables(site: Site) -> list[tuple[str, Table, str]]:

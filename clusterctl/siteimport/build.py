@@ -32,11 +32,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.siteimport.cpus import CpuSplitError, disjoint_sets
 from clusterctl.siteimport.nvsmi import LEVEL_RANK, Topo
+from clusterctl.siteimport.siteyaml import FlowMap
 from clusterctl.siteimport.slurmconf import GresNodes, gres_nvlink_domain
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.cpulist import format_cpulist
@@ -563,43 +562,3 @@ def rail_map(section: dict[str, Any]) -> list[dict[str, Any]]:
         {"gpu": g["index"], "numa": g.get("numa"), "cpus": g.get("cpus"), "nics": list(g.get("nics", []))}
         for g in section["gpus"]
     ]
-
-
-# --- YAML --------------------------------------------------------------------------------
-
-
-class FlowMap(dict):  # type: ignore[type-arg]
-    """A mapping written on one line ({index: 0, numa: 0, ...}), as the shipped sites write GPU rows."""
-
-
-class _Dumper(yaml.SafeDumper):
-    def ignore_aliases(self, data: Any) -> bool:  # site configs reject YAML aliases
-        return True
-
-
-def _flow(dumper: yaml.SafeDumper, data: FlowMap) -> yaml.Node:
-    return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=True)
-
-
-def _list_flow_in_rows(dumper: yaml.SafeDumper, data: list) -> yaml.Node:  # type: ignore[type-arg]
-    flow = all(isinstance(v, (str, int, float)) for v in data) and len(data) <= 8
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-_Dumper.add_representer(FlowMap, _flow)
-_Dumper.add_representer(list, _list_flow_in_rows)
-
-
-def to_yaml(built: Built) -> str:
-    """The site config as YAML, with a header saying where it came from and what to check."""
-    header = [
-        f"# Site {built.data['name']}: written by `clusterctl site import` from {', '.join(built.sources)}.",
-        "# Each GPU's NIC is the closest one in `nvidia-smi topo -m` (PIX < PXB < PHB < NODE < SYS), ties dealt",
-        "# out one per GPU; NICs no GPU chose (storage, management) have no rail. GPUs sharing a socket's CPU",
-        "# list got contiguous shares of whole cores. See docs/admin/sites.md, 'Encoding a site'.",
-    ]
-    if built.warnings:
-        header.append("# Check before use:")
-        header += [f"#   - {w}" for w in built.warnings]
-    body = yaml.dump(built.data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
-    return "\n".join(header) + "\n" + body
