@@ -160,7 +160,7 @@ def test_a_checkpoint_directory_a_stranger_made_first_is_refused_at_submit(share
     assert planted.returncode == 0, planted.stderr
     result = cli("submit", str(planted_job(shared)))
     assert result.exit_code == ExitCode.BAD_CONFIG, result.output
-    assert f"checkpoint.dir: got '{shared / 'ckpt'}'" in result.output and f"owner {STRANGER}" in result.output
+    assert "checkpoint.dir (line " in result.output and f"got '{shared / 'ckpt'}'" in result.output and f"owner {STRANGER}" in result.output
     assert "belongs to another user" in result.output
     assert not (shared / "runs").exists() and not (shared / "ran").exists()
 

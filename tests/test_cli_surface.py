@@ -178,7 +178,7 @@ def test_a_job_that_cannot_fit_is_refused_with_the_plans_numbers_unless_allowed(
     for command in (["submit", spec, "--dry-run"], ["render", spec, "-o", tmp_path / "out"]):
         refused = cli(*command, *too_big, cwd=tmp_path)
         assert refused.exit_code == ExitCode.BAD_CONFIG, refused.output
-        assert "model: got '163.92 GB per GPU'" in refused.stderr and "at most 72.00 GB" in refused.stderr
+        assert "model (line 14): got '163.92 GB per GPU'" in refused.stderr and "at most 72.00 GB" in refused.stderr
         assert "--allow-oom" in refused.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()
     allowed = cli("submit", spec, "--dry-run", *too_big, "--allow-oom", "--json", cwd=tmp_path)
@@ -236,8 +236,9 @@ def test_suspects_names_a_missing_runs_root(tmp_path: Path) -> None:
 
 
 def test_the_remembered_runs_roots_are_readable_by_their_user_alone(tmp_path: Path) -> None:
-    roots.remember(tmp_path / "runs")
-    roots.remember(tmp_path / "other")
+    for name in ("runs", "other"):
+        (tmp_path / name).mkdir()
+        roots.remember(tmp_path / name)
     written = roots.state_dir() / roots.FILE
     assert roots.remembered() == [tmp_path / "other", tmp_path / "runs"]  # newest first
     assert written.stat().st_mode & 0o077 == 0 and roots.state_dir().stat().st_mode & 0o077 == 0

@@ -105,7 +105,7 @@ class LocalBackend(Backend):
         return JobInfo(  # as the Slurm backend reads `scontrol show job`: ExitCode is 0 until the job ends
             job_id=str(record.job_id),
             state=state["state"],
-            reason=state.get("reason", ""),
+            reason="" if state.get("reason") in (None, "None") else str(state["reason"]),  # as JobInfo says Slurm's None
             nodes=compress(state.get("nodes") or []),
             exit_code=int(state.get("exit_code", [0, 0])[0]),
             requeue_count=int(state.get("restarts", 0)),
