@@ -40,6 +40,13 @@ def training(world: int = 4, steps: int = 30, step_s: float = 1.0, compute: dict
     return wd, t
 
 
+def step_all(wd: Watchdog, step: int, t: float, step_s: float, compute: dict[int, float], default: float) -> None:
+    """Every rank of 4 reports `step` at `t`: its compute time from `compute`, else `default`."""
+    for rank in range(4):
+        wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": step_s,
+                    "compute_s": compute.get(rank, default)}, t)
+
+
 def test_hang_timeout_is_derived_from_the_step_time_after_warmup() -> None:
     wd, _ = training(steps=3)
     assert wd.hang_timeout()[0] == 120  # warm-up: the configured bound
@@ -552,15 +559,11 @@ def test_a_loss_shared_with_a_rank_on_another_node_blames_no_node() -> None:
     wd, t = training(steps=30, step_s=0.2, compute={r: 0.062 for r in range(4)})
     for step in range(30, 90):
         t += 0.2
-        for rank in range(4):
-            c = {2: 0.0865, 0: 0.0861}.get(rank, 0.062)
-            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 0.2, "compute_s": c}, t)
+        step_all(wd, step, t, 0.2, {2: 0.0865, 0: 0.0861}, 0.062)
         assert wd.check(t) is None, step
     for step in range(90, 150):
         t += 0.2
-        for rank in range(4):
-            c = 0.0865 if rank == 2 else 0.062
-            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 0.2, "compute_s": c}, t)
+        step_all(wd, step, t, 0.2, {2: 0.0865}, 0.062)
         if (finding := wd.check(t)) is not None:
             break
     assert finding is not None and [c["rank"] for c in finding.culprits] == [2] and finding.culprits[0]["host"] == "n2"
@@ -571,9 +574,7 @@ def test_a_slow_node_slows_both_its_ranks_and_is_named() -> None:
     wd, t = training(steps=30, noise=0.02)
     for step in range(30, 70):
         t += 1.2
-        for rank in range(4):
-            c = 0.8 * (1.5 if rank in (2, 3) else 1.0)
-            wd.observe({"kind": "step", "rank": rank, "step": step, "phase": "collective", "step_s": 1.2, "compute_s": c}, t)
+        step_all(wd, step, t, 1.2, {2: 1.2, 3: 1.2}, 0.8)
         if (finding := wd.check(t)) is not None:
             break
     assert finding is not None and finding.code == ExitCode.STRAGGLER and finding.culprits[0]["host"] == "n2"
