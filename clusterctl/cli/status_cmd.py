@@ -115,18 +115,17 @@ def register(app: typer.Typer) -> None:
     def runs_cmd(root: RootOpt = None, as_json: JsonOpt = False, remote: RemoteOpt = None) -> None:
         """List the runs, newest first: state, step, attempts, last change. Every run a RUN argument could name:
         those under ./runs, the roots this user submitted into and the sites' (or under --runs-root alone)."""
-        where = _where(root)
-        if there := remote_target(remote):
+        there = remote_target(remote)
+        if there:
             with connect(there) as link:
                 states = _parsed(link.json(["status", "--all", "--json", *(["--runs-root", str(root)] if root else [])]))
-            where = f"{there}:{root or 'runs'}"
         else:
             states = _states(known_runs(root))
         if as_json:
             print(json.dumps([runs_json(st) for st in states], indent=1))
             return
-        if not states:
-            err_console.print(f"no runs under {where}")
+        if not states:  # where it looked, asked only now: the sites' roots are read once per listing
+            err_console.print(f"no runs under {f'{there}:{root or roots.DEFAULT}' if there else _where(root)}")
             return
         console = out_console()
         if not console.is_terminal:  # a pipe or a file: whole lines, never a word broken to fit 80 columns
