@@ -162,15 +162,15 @@ def test_good_rendezvous_manifest_and_a_failing_script(tmp_path: Path) -> None:
 
 
 def test_a_sealed_value_opens_only_under_its_own_key_with_the_attempts_token() -> None:
-    from clusterctl.runtime.wire import storeseal
+    from clusterctl.store import sealed
 
-    sealed = storeseal.seal(TOKEN, "clusterctl/error/1", "Traceback: boom")
-    assert storeseal.unseal(TOKEN, "clusterctl/error/1", sealed) == b"Traceback: boom"
-    assert storeseal.unseal(TOKEN, "clusterctl/error/2", sealed) is None  # replayed as another rank's
-    assert storeseal.unseal("another-attempt", "clusterctl/error/1", sealed) is None
-    assert storeseal.unseal(TOKEN, "clusterctl/error/1", b"Traceback: forged") is None
-    listed = (storeseal.item(TOKEN, "k", "1") + "2," + storeseal.item("x", "k", "3") + storeseal.item(TOKEN, "k", "4")).encode()
-    assert storeseal.items(TOKEN, "k", listed) == ["1", "4"]
+    value = sealed.seal(TOKEN, "clusterctl/error/1", "Traceback: boom")
+    assert sealed.unseal(TOKEN, "clusterctl/error/1", value) == b"Traceback: boom"
+    assert sealed.unseal(TOKEN, "clusterctl/error/2", value) is None  # replayed as another rank's
+    assert sealed.unseal("another-attempt", "clusterctl/error/1", value) is None
+    assert sealed.unseal(TOKEN, "clusterctl/error/1", b"Traceback: forged") is None
+    listed = (sealed.item(TOKEN, "k", "1") + "2," + sealed.item("x", "k", "3") + sealed.item(TOKEN, "k", "4")).encode()
+    assert sealed.items(TOKEN, "k", listed) == ["1", "4"]
 
 
 def test_junk_in_the_stores_lists_is_skipped_and_the_attempt_is_judged(tmp_path: Path) -> None:

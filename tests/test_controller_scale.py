@@ -27,11 +27,12 @@ torch_distributed = pytest.importorskip("torch.distributed")
 from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode  # noqa: E402
 from clusterctl.rundir import rankmanifest  # noqa: E402
-from clusterctl.runtime.controller import collect, filelimit
+from clusterctl.runtime.controller import filelimit
 from clusterctl.runtime.rank import rendezvous  # noqa: E402
 from clusterctl.runtime.rank.rankinfo import RankInfo  # noqa: E402
 from clusterctl.runtime.wire import registration
 from clusterctl.runtime.wire.greeting import registration_proof  # noqa: E402
+from clusterctl.store import collect
 
 TOKEN = "scale-token"
 WORLD = 256

@@ -34,7 +34,8 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.integrations.submitit.paths import save_pickle
 from clusterctl.rundir import RunDir, history, runjson
 from clusterctl.runtime.rank.stoprequest import STOP_SIGNALS
-from clusterctl.runtime.wire import registration, storeseal
+from clusterctl.runtime.wire import registration
+from clusterctl.store import sealed
 
 POLL_S = 0.2  # how often the stop flag is looked at: one tiny store round trip
 DECISION = registration.PREFIX + "submitit/decision"  # rank 0's `go` or `stay`, for the other ranks
@@ -109,7 +110,7 @@ class StopWatch:
     def _watch(self) -> None:
         while not self._done.wait(POLL_S):
             try:
-                requested = storeseal.read(self._store, storeseal.rank_token(), registration.STOP) is not None
+                requested = sealed.read(self._store, sealed.rank_token(), registration.STOP) is not None
             except Exception:  # noqa: BLE001 - the store left with the controller: nothing more to watch
                 return
             if requested:
@@ -142,7 +143,7 @@ def rank0_handler(delayed: DelayedSubmission, submitted: Path, run: RunDir, atte
         decision = decide(delayed, submitted, timed_out=name != "TERM")
         if store is not None:
             try:
-                store.set(DECISION, storeseal.seal(storeseal.rank_token(), DECISION, "go" if decision.go else "stay"))
+                store.set(DECISION, sealed.seal(sealed.rank_token(), DECISION, "go" if decision.go else "stay"))
             except Exception:  # noqa: BLE001 - the others then decide on their own (see peer_handler)
                 pass
         print(f"clusterctl: SIG{name} (stop requested): {decision.why}", file=sys.stderr, flush=True)
@@ -160,9 +161,9 @@ def peer_handler(store: Any) -> Callable[[str | None], None]:
         deadline = time.monotonic() + (PEER_WAIT_S if name is None else 10.0)
         while store is not None and answer is None and time.monotonic() < deadline:
             try:
-                sealed = storeseal.read(store, storeseal.rank_token(), DECISION)  # rank 0's, not a stranger's
-                if sealed is not None:
-                    answer = sealed.decode()
+                found = sealed.read(store, sealed.rank_token(), DECISION)  # rank 0's, not a stranger's
+                if found is not None:
+                    answer = found.decode()
             except Exception:  # noqa: BLE001 - the store is gone: rank 0 has ended
                 break
             if answer is None:

@@ -59,15 +59,16 @@ from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.rundir import history, phasetimes, rankmanifest, runjson, write_json_atomic
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import Verdict
-from clusterctl.runtime.controller import admission, collect, filelimit, storeport
+from clusterctl.runtime.controller import admission, filelimit, storeport
 from clusterctl.runtime.controller.blame import parse_srun_lines, stopped_on_request
 from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.controller.response import Response
 from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.controller.watchserver import WatchServer
-from clusterctl.runtime.wire import registration, stacks, storeseal
+from clusterctl.runtime.wire import registration, stacks
 from clusterctl.runtime.wire.registration import POST_RENDEZVOUS
 from clusterctl.runtime.wire.sharedmarker import MARKER_PREFIX, write_shared_marker
+from clusterctl.store import collect, sealed
 
 READY = rundir.CONTROLLER_JSON
 POLL_S = 0.02
@@ -249,12 +250,12 @@ class Controller:
         return self.store.get(key) if self.store.check([key]) else None
 
     def _sealed(self, key: str) -> bytes | None:
-        """A value under `key` that a holder of the token wrote (runtime/wire/storeseal.py); None for none, or another's."""
-        return storeseal.unseal(self.token, key, self._raw(key))
+        """A value under `key` that a holder of the token wrote (store/sealed.py); None for none, or another's."""
+        return sealed.unseal(self.token, key, self._raw(key))
 
     def _publish(self, verdict: Verdict) -> None:
         """The rendezvous verdict for the ranks, sealed: a stranger's in its place is refused by every rank."""
-        self.store.set(registration.VERDICT, storeseal.seal(self.token, registration.VERDICT, registration.verdict_body(verdict)))
+        self.store.set(registration.VERDICT, sealed.seal(self.token, registration.VERDICT, registration.verdict_body(verdict)))
 
     def _errors(self) -> dict[int, str]:
         """The ranks' error reports (ERRORED lists them): rank -> text; one not sealed by a holder of the token
@@ -415,7 +416,7 @@ class Controller:
         """The batch shell trapped the pre-timeout signal or a preemption: ask the ranks to save and stop."""
         self.stop_requested = True
         if self.store is not None:
-            self.store.set(registration.STOP, storeseal.seal(self.token, registration.STOP, str(time.time())))
+            self.store.set(registration.STOP, sealed.seal(self.token, registration.STOP, str(time.time())))
             log("stop requested: the ranks save, commit and exit at their next step")
 
     # --- after the rendezvous ------------------------------------------------------
@@ -443,8 +444,8 @@ class Controller:
         if (finding := self.keeper.failure) is not None:
             return finding.code  # the watchdog's, recorded when it was called
         planned = any(c in POST_RENDEZVOUS for c in self.run.preflight.checks)  # else a postcheck is a stranger's
-        if planned and (sealed := self._sealed(registration.POSTCHECK)) is not None:
-            post = registration.read_verdict(sealed)
+        if planned and (body := self._sealed(registration.POSTCHECK)) is not None:
+            post = registration.read_verdict(body)
             if not post.ok:
                 return self.keeper.give(post).code
             log(post.message)

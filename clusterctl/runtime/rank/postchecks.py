@@ -31,7 +31,8 @@ from clusterctl.rundir import write_json_atomic
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller import straggler
 from clusterctl.runtime.rank.rankinfo import RankInfo
-from clusterctl.runtime.wire import registration, storeseal
+from clusterctl.runtime.wire import registration
+from clusterctl.store import sealed
 
 CPU_SIZES = (64 << 10, 1 << 20, 8 << 20)
 GPU_SIZES = (1 << 20, 64 << 20, 256 << 20)
@@ -96,7 +97,7 @@ def comm_check(info: RankInfo, store: Any, timeout_s: float) -> dict[str, Any]:
                 report["tp"] = {"group": index, "ranks": members, "results": results}
                 if members[0] == info.rank:
                     key = f"{registration.PREFIX}comm/tp/{index}"
-                    store.set(key, storeseal.seal(info.token, key, json.dumps(report["tp"])))
+                    store.set(key, sealed.seal(info.token, key, json.dumps(report["tp"])))
     return report
 
 
@@ -164,26 +165,26 @@ def run_post_checks(names: list[str], info: RankInfo, store: Any, timeout_s: flo
     if "compute" in names:
         seconds = matmul_seconds(_device())
         key = f"{registration.PREFIX}compute/{info.rank}"
-        store.set(key, storeseal.seal(info.token, key, str(seconds)))
+        store.set(key, sealed.seal(info.token, key, str(seconds)))
     if info.rank == 0:
         try:
             outcome = _rank0_judges(names, info, store, report)
         except ValueError as exc:  # a peer's result forged in the store: no result, and nobody's fault
             outcome = Verdict(False, int(ExitCode.PREFLIGHT_FAILED), f"post-rendezvous checks: {exc}; no node is blamed")
-        store.set(registration.POSTCHECK, storeseal.seal(info.token, registration.POSTCHECK, registration.verdict_body(outcome)))
+        store.set(registration.POSTCHECK, sealed.seal(info.token, registration.POSTCHECK, registration.verdict_body(outcome)))
     store.wait([registration.POSTCHECK], timedelta(seconds=timeout_s))
-    sealed = storeseal.unseal(info.token, registration.POSTCHECK, store.get(registration.POSTCHECK))
-    if sealed is None:
+    body = sealed.unseal(info.token, registration.POSTCHECK, store.get(registration.POSTCHECK))
+    if body is None:
         return Verdict(False, int(ExitCode.PREFLIGHT_FAILED), "the post-rendezvous checks' outcome in the store is not"
                        " rank 0's (no valid seal): someone else wrote it; no node is blamed")
-    outcome = registration.read_verdict(sealed)
+    outcome = registration.read_verdict(body)
     return None if outcome.ok else outcome
 
 
 def _opened(token: str, key: str, raw: bytes) -> bytes:
     """A peer's sealed check result; a forged one raises (the check fails on rank 0, blaming no node) rather than
     naming a healthy rank slow."""
-    value = storeseal.unseal(token, key, raw)
+    value = sealed.unseal(token, key, raw)
     if value is None:
         raise ValueError(f"{key} in the store has no valid seal: someone else wrote it")
     return value

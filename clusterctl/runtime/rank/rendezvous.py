@@ -28,7 +28,8 @@ from urllib.parse import parse_qs, urlparse
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.rank.rankinfo import RankInfo
-from clusterctl.runtime.wire import registration, storeseal
+from clusterctl.runtime.wire import registration
+from clusterctl.store import sealed
 
 FORGED_VERDICT_POLL_S = 0.1  # a verdict without the controller's seal in the store: look again this often
 RETURNED_TIMEOUT_S = 5.0  # a rank whose command returned waits no longer than this to say so
@@ -65,7 +66,7 @@ def register(store: Any, rank: int, record: dict[str, Any], token: str) -> int:
         return 1
     claim = int(store.add(registration.claim_key(rank), 1)) + 1
     store.set(registration.reg_key(rank, claim), registration.sealed_registration(token, rank, claim, record))
-    store.append(registration.DUPLICATES, storeseal.item(token, registration.DUPLICATES, f"{rank}:{claim}"))
+    store.append(registration.DUPLICATES, sealed.item(token, registration.DUPLICATES, f"{rank}:{claim}"))
     store.add(registration.ARRIVED, 1)  # wakes the controller: a duplicate may fill a rank a forgery took
     return claim
 
@@ -85,7 +86,7 @@ def await_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> 
     store.set_timeout(timedelta(seconds=wait_s))
     try:
         while True:
-            body = storeseal.unseal(token, registration.VERDICT, store.get(registration.VERDICT))
+            body = sealed.unseal(token, registration.VERDICT, store.get(registration.VERDICT))
             if body is not None:
                 return registration.read_verdict(body)
             if time.monotonic() >= deadline:
@@ -101,8 +102,8 @@ def report_error(store: Any, rank: int, text: str, token: str) -> None:
     """Tell the controller what went wrong on this rank (best effort: the store may be gone)."""
     try:
         key = registration.error_key(rank)
-        store.set(key, storeseal.seal(token, key, text[-20000:]))
-        store.append(registration.ERRORED, storeseal.item(token, registration.ERRORED, str(rank)))
+        store.set(key, sealed.seal(token, key, text[-20000:]))
+        store.append(registration.ERRORED, sealed.item(token, registration.ERRORED, str(rank)))
     except Exception:  # noqa: BLE001 - reporting must never mask the original error
         traceback.print_exc()
 
@@ -140,7 +141,7 @@ def report_returned(store: Any, rank: int, code: int, token: str) -> None:
         previous = store.timeout
         store.set_timeout(timedelta(seconds=RETURNED_TIMEOUT_S))
         try:
-            store.append(registration.RETURNED, storeseal.item(token, registration.RETURNED, f"{rank}:{code}"))
+            store.append(registration.RETURNED, sealed.item(token, registration.RETURNED, f"{rank}:{code}"))
         finally:
             store.set_timeout(previous)
     except Exception:  # noqa: BLE001 - the controller then judges from srun's lines alone

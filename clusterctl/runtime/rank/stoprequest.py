@@ -14,7 +14,8 @@ import signal
 from typing import Any, NoReturn
 
 from clusterctl.exitcodes import ExitCode
-from clusterctl.runtime.wire import registration, storeseal
+from clusterctl.runtime.wire import registration
+from clusterctl.store import sealed
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
@@ -39,7 +40,7 @@ class StopRequest:
             from clusterctl.runtime.rank import rendezvous
 
             store = rendezvous.CURRENT_STORE
-            if store is not None and storeseal.read(store, storeseal.rank_token(), registration.STOP) is not None:
+            if store is not None and sealed.read(store, sealed.rank_token(), registration.STOP) is not None:
                 self.signalled = True
         return self.signalled
 

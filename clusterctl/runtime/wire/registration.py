@@ -6,7 +6,7 @@ record is there (anyone can move a counter), reads the records and judges
 them (runtime/controller/admission.py). A stored record is a short summary line (what
 the judgement reads) followed by the full record (what manifest.json keeps),
 so 100,000 registrations are judged without decoding them whole. Every value
-is sealed with the attempt's token (runtime/wire/storeseal.py): a record a
+is sealed with the attempt's token (runtime/wire/sealed.py): a record a
 stranger wrote or rewrote (its preflight results, say) reads as one written
 without the token.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.verdict import Verdict
-from clusterctl.runtime.wire import storeseal
+from clusterctl.store import sealed
 
 PREFIX = "clusterctl/"
 ARRIVED = PREFIX + "arrived"
@@ -34,7 +34,7 @@ RETURNED = PREFIX + "returned"  # appended "rank:code" (sealed) by every rank wh
 def parse_returned(raw: bytes | None, token: str, world: int) -> dict[int, int]:
     """RETURNED's sealed "rank:code" entries as rank -> code (a torn, foreign or unsealed entry is skipped)."""
     found: dict[int, int] = {}
-    for entry in storeseal.items(token, RETURNED, raw):
+    for entry in sealed.items(token, RETURNED, raw):
         rank, _, code = entry.partition(":")
         if rank.isdigit() and code.isdigit() and int(rank) < world:
             found[int(rank)] = int(code)
@@ -45,7 +45,7 @@ def parse_ranks(raw: bytes | None, token: str, world: int) -> list[int]:
     """ERRORED's sealed "rank" entries: the ranks of this world, each once, in order (whatever else anyone wrote
     is skipped: the store takes any client's writes, and one bad entry must not crash the controller)."""
     found: dict[int, None] = {}
-    for entry in storeseal.items(token, ERRORED, raw):
+    for entry in sealed.items(token, ERRORED, raw):
         if entry.isdigit() and int(entry) < world:
             found.setdefault(int(entry))
     return list(found)
@@ -55,7 +55,7 @@ def parse_claims(raw: bytes | None, token: str, world: int) -> list[tuple[int, i
     """DUPLICATES's sealed "rank:claim" entries as (rank, claim), a later claimant's (claim >= 2) of a rank of this
     world; anything else is skipped."""
     found: dict[tuple[int, int], None] = {}
-    for entry in storeseal.items(token, DUPLICATES, raw):
+    for entry in sealed.items(token, DUPLICATES, raw):
         rank, _, claim = entry.partition(":")
         if rank.isdigit() and claim.isdigit() and int(rank) < world and int(claim) >= 2:
             found.setdefault((int(rank), int(claim)))
@@ -125,16 +125,16 @@ def encode_registration(record: dict[str, Any]) -> bytes:
 
 def sealed_registration(token: str, rank: int, claim: int, record: dict[str, Any]) -> bytes:
     """What a rank stores under reg_key(rank, claim): `encode_registration`, sealed for that key."""
-    return storeseal.seal(token, reg_key(rank, claim), encode_registration(record))
+    return sealed.seal(token, reg_key(rank, claim), encode_registration(record))
 
 
 def open_registration(token: str, rank: int, claim: int, raw: bytes) -> tuple[dict[str, Any], bytes | memoryview]:
     """`decode_registration` of a stored, sealed record. One whose seal fails (written or rewritten without the
     token) keeps no proof: admission judges it a stale or forged registration, whatever it claims."""
-    body = storeseal.unseal(token, reg_key(rank, claim), raw)
+    body = sealed.unseal(token, reg_key(rank, claim), raw)
     if body is not None:
         return decode_registration(body)
-    head, full = decode_registration(storeseal.strip(raw))
+    head, full = decode_registration(sealed.strip(raw))
     head.pop("proof", None)
     return head, full
 
@@ -175,7 +175,7 @@ def decode_registration(raw: bytes) -> tuple[dict[str, Any], bytes | memoryview]
 
 def full_record(raw: bytes) -> bytes | memoryview:
     """The full record of a stored registration as compact JSON, without decoding its summary again."""
-    raw = storeseal.strip(raw)
+    raw = sealed.strip(raw)
     cut = _summary_cut(raw)
     return memoryview(raw)[cut + 1 :] if cut is not None else decode_registration(raw)[1]
 
