@@ -29,7 +29,7 @@ open-file soft limit to the hard limit before anything else and refuses at
 once, with a verdict naming the numbers, when even the hard limit cannot
 hold a connection per rank (runtime/controller/filelimit.py); it listens with the
 largest backlog the kernel allows; it reads registrations in bounded
-requests (runtime/controller/collect.py), decodes only each one's short summary line,
+requests (store/collect.py), decodes only each one's short summary line,
 publishes the verdict, and only then writes manifest.json from the rows the
 ranks stored (clusterctl/rundir/rankmanifest.py).
 
@@ -227,7 +227,7 @@ class Controller:
     def collect(self) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
         """Registrations (their summaries), duplicates and early errors.
 
-        Bounded requests (runtime/controller/collect.py): linear, and never the
+        Bounded requests (store/collect.py): linear, and never the
         >131,072-key request the store refuses. Only each registration's
         summary is kept: the full records stay in the store until the
         manifest is written (at 100,000 ranks, ~180 MB not held twice).
