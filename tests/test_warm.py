@@ -242,19 +242,7 @@ def test_a_warm_socket_a_stranger_took_first_is_told_nothing_and_the_rank_starts
         stranger.wait(10)
 
 
-# --- snapshots: which step is whole, and a copy killed half-way ----------------------------------------------
-def test_the_newest_whole_step_is_one_every_ranks_state_is_held_for_never_a_mix() -> None:
-    from clusterctl.checkpoint.snapshots import newest_whole
-
-    # node A (ranks 0, 1) holds rank 0's 14 and 15 and a replica of rank 1's 13 and 14; rank 1's 15 was in flight
-    node_a = {0: [14, 15], 1: [13, 14]}
-    assert newest_whole([node_a, node_a], 2) == 14
-    # a spare (rank 1's new node) holds nothing: the peer's replica still makes 14 whole
-    assert newest_whole([{0: [14, 15]}, {}, {1: [14]}], 2) == 14
-    assert newest_whole([{0: [15]}, {1: [14]}], 2) is None  # no common step: the durable checkpoint decides
-    assert newest_whole([{}, {}], 2) is None
-
-
+# --- snapshots: a copy killed half-way ----------------------------------------------
 def test_a_snapshot_copy_killed_half_way_leaves_the_previous_ones_whole(tmp_path: Path) -> None:
     from clusterctl.checkpoint.snapshots import steps_in
 

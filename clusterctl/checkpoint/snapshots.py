@@ -17,12 +17,18 @@ a kill during a copy leaves the previous ones.
 
 The files outlive the ranks' processes, not the job: the node's warm process
 server removes its node's directory when the job ends. `restore` is
-collective: the ranks share what their nodes hold, agree on the newest step
-for which every rank's state is somewhere (its own node, or a peer node that
-holds it), and a rank whose node lacks it (a spare that replaced a lost
-node) receives it from a rank on a node that has it. Never a mix of steps.
-Snapshots are per world size and layout: a restart on another layout
-resumes from the durable checkpoint instead.
+collective, and nothing in it spans the world: each node's first rank puts
+its node's inventory in the rendezvous store once, rank 0 alone reads them
+and publishes the newest step for which every rank's state is somewhere
+(its own node, or a peer node that holds it) with the few transfers it
+needs (restoreplan.py), and a rank whose node lacks it (a spare that
+replaced a lost node) receives it from a rank on a node that has it, over a
+link of their own (pairlink.py). Never a mix of steps. A node whose
+inventory has not come within AGREE_TIMEOUT_S leaves the restore to the
+durable checkpoint, and rank 0 says which node. Replicas travel the same
+way: each rank has a link to its holder and one from its sender, made at
+its first replica. Snapshots are per world size and layout: a restart on
+another layout resumes from the durable checkpoint instead.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -37,6 +44,7 @@ import shutil
 import stat
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -46,13 +54,21 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from clusterctl import envnames
 from clusterctl.checkpoint.names import SNAPSHOTS_KEPT, STEP_DIGITS
+from clusterctl.checkpoint.pairlink import PairLink, ring_colour
+from clusterctl.checkpoint.restoreplan import RestorePlan, decode_held, encode_held, plan_restore
+from clusterctl.store import collect, sealed
 
 ROOT_ENV = "CLUSTERCTL_SNAPSHOTS"
 KEEP = SNAPSHOTS_KEPT  # per rank: the newest may be half-written when a rank dies; the one before it is whole
 PREFIX, SUFFIX = "step-", ".pt"
 HOLDINGS = re.compile(r"^(rank|replica)-(\d+)-of-(.+)$")
-GROUP_TIMEOUT_S = 300  # a peer that neither sends nor takes its replica for this long fails the snapshot, not training
+LINK_TIMEOUT_S = 300  # a peer that neither sends nor takes its replica for this long fails the snapshot, not training
+AGREE_TIMEOUT_S = 60.0  # rank 0 waits this long for every node's inventory, then the durable checkpoint decides
+PLAN_MARGIN_S = 30.0  # a rank waits for rank 0's plan this much longer than rank 0 waits for the inventories
+POLL_S = 0.05  # a key whose value is not this attempt's: look again this often
+_opened = itertools.count()  # snapshots opened in this process: each one's store keys are its own
 
 
 def default_root() -> Path:
@@ -95,21 +111,31 @@ def world_tag(world: int, layout: Any = None) -> str:
 def open_snapshots(interval: int, *, run_id: str, layout: Any, rank: int, world: int) -> Snapshots | None:
     """This rank's snapshots when `interval` (checkpoint.memory_interval) asks for them, else None.
 
-    Collective when the process group is up: replicas and restores travel on
-    a gloo group of their own, off the training's (and off its GPU streams).
-    Every optimizer's step waits, on the GPU, for a copy still in flight
-    (torch's global optimizer pre-hook: the Contract's, a framework's).
+    With the process group up, replicas and restores travel on two-rank
+    links of their own (pairlink.py), off the training's group and its GPU
+    streams, agreed through the group's store. Every optimizer's step waits,
+    on the GPU, for a copy still in flight (torch's global optimizer
+    pre-hook: the Contract's, a framework's).
     """
     if not interval:
         return None
-    group = None
-    if dist.is_initialized() and world > 1:
-        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    store = dist.distributed_c10d._get_default_store() if dist.is_initialized() and world > 1 else None
     node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    tag = world_tag(world, layout)
     found = Snapshots(node_dir(default_root(), run_id or "standalone", node), rank=rank, world=world, interval=interval,
-                      tag=world_tag(world, layout), gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), group=group)
+                      tag=tag, gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), store=store,
+                      prefix=exchange_prefix(tag), token=sealed.rank_token())
+    if store is not None:
+        found.connect()
     register_optimizer_step_pre_hook(lambda *_: found.staging.before_update())
     return found
+
+
+def exchange_prefix(tag: str) -> str:
+    """The store keys of one opening's exchange: its attempt's, its restart's (torchrun's) and its own."""
+    attempt = os.environ.get(envnames.ATTEMPT, "0")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"clusterctl/snapshots/{tag}/{attempt}.{restart}.{next(_opened)}/"
 
 
 class Staging:
@@ -205,11 +231,14 @@ class Snapshots:
     """One rank's snapshots and the replica it holds for a peer: take them on schedule, restore the newest whole step."""
 
     def __init__(self, node: Path, *, rank: int, world: int, interval: int, tag: str, gpus_per_node: int,
-                 group: Any = None) -> None:
+                 store: Any = None, prefix: str = "", token: str = "", agree_timeout_s: float = AGREE_TIMEOUT_S) -> None:
         self.node, self.rank, self.world, self.interval, self.tag = node, rank, world, interval, tag
-        self.group = group  # a gloo group of every rank: replicas and restores travel on it, off the training's
-        self.holder = (rank + gpus_per_node) % world  # the same local rank on the next node
-        self.sender = (rank - gpus_per_node) % world
+        self.store, self.prefix, self.token = store, prefix, token  # the process group's store: None alone
+        self.gpus_per_node = max(1, min(gpus_per_node, world))
+        self.agree_timeout_s = agree_timeout_s
+        self.holder = (rank + self.gpus_per_node) % world  # the same local rank on the next node
+        self.sender = (rank - self.gpus_per_node) % world
+        self.ring: list[PairLink] | None = None  # to the holder, from the sender: made at the first replica
         self.directory = node / f"rank-{rank}-of-{tag}"
         self.thread: threading.Thread | None = None
         self.error: str | None = None
@@ -236,7 +265,7 @@ class Snapshots:
             data = buffer.getvalue()
             if not self.untrusted:  # the peers' exchange goes on either way: each one waits for its sender
                 write_whole(self.directory, step, data)
-            if self.group is not None and self.holder != self.rank:
+            if self.store is not None and self.holder != self.rank:
                 self._replicate(step, data)
         except Exception as exc:  # noqa: BLE001 - a snapshot that fails leaves the previous ones; training goes on
             if self.error is None:
@@ -244,19 +273,33 @@ class Snapshots:
                       " restarts resume from the previous one or the durable checkpoint", file=sys.stderr, flush=True)
             self.error = f"{type(exc).__name__}: {exc}"
 
+    def connect(self) -> None:
+        """The links to the holder and from the sender, made in the rounds every rank agrees on (pairlink.ring_colour)."""
+        if self.store is None or self.holder == self.rank:
+            return
+        nodes = -(-self.world // self.gpus_per_node)
+        if ring_colour(self.rank // self.gpus_per_node, nodes) < ring_colour(self.sender // self.gpus_per_node, nodes):
+            to_holder = self._link("ring/", self.rank, self.holder)
+            from_sender = self._link("ring/", self.sender, self.rank)
+        else:
+            from_sender = self._link("ring/", self.sender, self.rank)
+            to_holder = self._link("ring/", self.rank, self.holder)
+        self.ring = [to_holder, from_sender]
+
     def _replicate(self, step: int, data: bytes) -> None:
         """Ours to the holder, the sender's to this node: every rank does both for the same step, a ring."""
-        head_out = torch.tensor([len(data), step], dtype=torch.int64)
-        head_in = torch.zeros(2, dtype=torch.int64)
-        for op in (dist.isend(head_out, self.holder, group=self.group), dist.irecv(head_in, self.sender, group=self.group)):
-            op.wait()
-        payload_in = torch.empty(int(head_in[0]), dtype=torch.uint8)
-        payload_out = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        for op in (dist.isend(payload_out, self.holder, group=self.group),
-                   dist.irecv(payload_in, self.sender, group=self.group)):
-            op.wait()
+        if self.ring is None:
+            self.connect()
+        to_holder, from_sender = self.ring
+        taken = to_holder.post(data, step)
+        their_step, theirs = from_sender.take()
+        taken()
         if not self.untrusted:
-            write_whole(self.node / f"replica-{self.sender}-of-{self.tag}", int(head_in[1]), payload_in.numpy().tobytes())
+            write_whole(self.node / f"replica-{self.sender}-of-{self.tag}", their_step, theirs)
+
+    def _link(self, kind: str, sender: int, receiver: int) -> PairLink:
+        return PairLink(self.store, self.prefix + kind, sender=sender, receiver=receiver, me=self.rank,
+                        token=self.token, timeout_s=LINK_TIMEOUT_S)
 
     def wait(self) -> None:
         if self.thread is not None:
@@ -279,39 +322,100 @@ class Snapshots:
     def restore(self, durable_step: int | None) -> Restored | None:
         """The newest step whose state every rank can have, when not older than `durable_step`.
 
-        Collective. None when no step is whole across the ranks' nodes or
-        the durable checkpoint is newer: every rank then resumes from that.
+        Collective. None when no step is whole across the ranks' nodes, the
+        durable checkpoint is newer, or a node's inventory did not come:
+        every rank then resumes from the durable checkpoint.
         """
         held = self.holdings()
-        if self.group is None:
-            everyone = [held]
+        if self.store is None:
+            plan = plan_restore({0: held}, world=self.world, gpus_per_node=self.world, durable_step=durable_step)
         else:
-            everyone = [None] * self.world
-            dist.all_gather_object(everyone, {r: sorted(s) for r, s in held.items()}, group=self.group)
-        step = newest_whole(everyone, self.world)
-        if step is None or (durable_step is not None and step < durable_step):
+            plan = self._agree(held, durable_step)
+        if plan.step is None:
             return None
+        step = plan.step
+        mine = [(s, d) for s, d in plan.transfers if self.rank in (s, d)]
+        links = {t: self._link("restore/", *t) for t in mine}  # in the plan's order, which every rank has
+        taken = [links[(s, d)].post(Path(held[d][step]).read_bytes(), step) for s, d in mine if s == self.rank]
         data = None
-        served: dict[int, int] = {}  # rank -> the rank whose node sent it its state
-        for r in range(self.world):  # the same order on every rank: each transfer pairs exactly two ranks
-            sources = [q for q, node in enumerate(everyone) if step in node.get(r, ())]
-            if r in sources:
-                continue  # rank r's own node holds it
-            served[r] = sources[0]
-            if sources[0] == self.rank:
-                box = [Path(held[r][step]).read_bytes()]
-                dist.send_object_list(box, dst=r, group=self.group)
-            elif r == self.rank:
-                box = [None]
-                dist.recv_object_list(box, src=sources[0], group=self.group)
-                data = box[0]
+        for s, d in mine:
+            if d == self.rank:
+                got, data = links[(s, d)].take()
+                if got != step:
+                    raise RuntimeError(f"rank {self.rank}: rank {s} sent step {got}'s snapshot, not step {step}'s")
+        for wait in taken:
+            wait()
         if data is None:
             data = Path(held[self.rank][step]).read_bytes()
         loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
         if loaded.get("rank") != self.rank or loaded.get("step") != step:
             raise RuntimeError(f"rank {self.rank}: the snapshot of step {step} holds rank {loaded.get('rank')}'s"
                                f" step {loaded.get('step')}")
-        return Restored(step, loaded["state"], loaded["extra"], served)
+        return Restored(step, loaded["state"], loaded["extra"], {d: s for s, d in plan.transfers})
+
+    def _agree(self, held: dict[int, dict[int, str]], durable_step: int | None) -> RestorePlan:
+        """The restore plan: this node's inventory in, rank 0's plan out (rank 0 alone reads every node's)."""
+        g = self.gpus_per_node
+        if self.rank % g == 0:
+            self._put(self.prefix + f"inventory/{self.rank // g}", encode_held(held))
+        if self.rank == 0:
+            plan = self._plan(durable_step)
+            self._put(self.prefix + "plan", plan.to_json())
+            return plan
+        return self._await_plan(self.prefix + "plan", time.monotonic() + self.agree_timeout_s + PLAN_MARGIN_S)
+
+    def _await_plan(self, key: str, deadline: float) -> RestorePlan:
+        """Rank 0's sealed plan, waited for until `deadline` (a value under the key that is not rank 0's is not one)."""
+        while True:
+            with contextlib.suppress(Exception):  # a timeout: said below
+                self.store.wait([key], timedelta(seconds=max(0.001, deadline - time.monotonic())))
+                body = self._open(key, self.store.get(key))
+                if body is not None:
+                    return RestorePlan.from_json(body)
+            if time.monotonic() >= deadline:
+                why = f"no restore plan sealed by rank 0 came within {self.agree_timeout_s + PLAN_MARGIN_S:g} s"
+                print(f"clusterctl: warning: rank {self.rank}: no restore from host memory: {why}", file=sys.stderr,
+                      flush=True)
+                return RestorePlan(None, why=why)
+            time.sleep(POLL_S)
+
+    def _plan(self, durable_step: int | None) -> RestorePlan:
+        """Rank 0's part: every node's inventory, awaited up to agree_timeout_s, then the plan (restoreplan.py)."""
+        g = self.gpus_per_node
+        count = -(-self.world // g)
+        keys = [self.prefix + f"inventory/{i}" for i in range(count)]
+        deadline = time.monotonic() + self.agree_timeout_s
+        nodes: dict[int, dict[int, tuple[int, ...]]] = {}
+        pending = list(range(count))
+        while pending:  # a value that is not sealed by this attempt (a stranger's) is waited past, as if absent
+            waiting = [keys[i] for i in pending]
+            with contextlib.suppress(Exception):  # a timeout: which nodes are missing is found below
+                for part in collect.chunks(waiting):
+                    self.store.wait(list(part), timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            for j, raw in collect.iter_present(self.store, waiting):
+                body = self._open(waiting[j], raw)
+                with contextlib.suppress(ValueError):
+                    if body is not None:
+                        nodes[pending[j]] = decode_held(body)
+            pending = [i for i in pending if i not in nodes]
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S)
+        missing = [i for i in range(count) if i not in nodes]
+        if missing:
+            first = missing[0]
+            why = (f"node {first}'s snapshot inventory (ranks {first * g}-{min(self.world, first * g + g) - 1};"
+                   f" {len(missing)} node(s) in all) did not come within {self.agree_timeout_s:g} s, or not sealed by"
+                   " this attempt: resuming from the durable checkpoint")
+            print(f"clusterctl: warning: no restore from host memory: {why}", file=sys.stderr, flush=True)
+            return RestorePlan(None, why=why)
+        return plan_restore(nodes, world=self.world, gpus_per_node=g, durable_step=durable_step)
+
+    def _put(self, key: str, text: str) -> None:
+        self.store.set(key, sealed.seal(self.token, key, text) if self.token else text.encode())
+
+    def _open(self, key: str, raw: bytes) -> bytes | None:
+        return sealed.unseal(self.token, key, raw) if self.token else bytes(raw)
 
 
 @dataclass(frozen=True)
@@ -320,15 +424,6 @@ class Restored:
     state: dict[str, Any]
     extra: dict[str, Any]
     served: dict[int, int]  # ranks whose own node lacked the snapshot -> the rank whose node sent it
-
-
-def newest_whole(everyone: list[dict[int, Any]], world: int) -> int | None:
-    """The newest step for which every rank's state is held by some rank's node (pure)."""
-    steps = {s for node in everyone for held in node.values() for s in held}
-    for step in sorted(steps, reverse=True):
-        if all(any(step in node.get(r, ()) for node in everyone) for r in range(world)):
-            return step
-    return None
 
 
 def remove_node(root: Path, run_id: str, node: str) -> None:
