@@ -56,7 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from clusterctl.runtime.wire import registration  # noqa: E402
+from clusterctl.runtime.wire import greeting, registration  # noqa: E402
 
 GPN = 8
 WORKERS = 4  # processes of emulated ranks
@@ -86,7 +86,8 @@ def rank_record(rank: int, world: int, hosts: list[str], run_dir: str) -> dict[s
     local = rank % GPN
     ckpt = f"{run_dir}/checkpoints"
     return {
-        "rank": rank, "world_size": world, "local_rank": local, "host": host, "pid": 10000 + rank, "token": TOKEN,
+        "rank": rank, "world_size": world, "local_rank": local, "host": host, "pid": 10000 + rank,
+        "proof": greeting.registration_proof(TOKEN, rank, host, 10000 + rank),  # as a rank proves it, never the token
         "attempt": 1, "gpu": local, "cpus": f"{local * 8}-{local * 8 + 7}", "numa": local // 4, "nics": [f"mlx5_{local}"],
         "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "hip": None, "nccl": None},
         "preflight": [

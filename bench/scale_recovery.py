@@ -36,8 +36,11 @@ Last line: {"restore_agree_s_1k", "restore_agree_s_16k", "restore_bytes_per_rank
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,7 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from controller_scale import in_namespace, raise_nofile  # noqa: E402
+from controller_scale import TOKEN as CONTROLLER_TOKEN  # noqa: E402
+from controller_scale import Controller, in_namespace, make_run, preload, raise_nofile  # noqa: E402
 
 GPN = 8
 WORKERS = 4
@@ -59,8 +63,9 @@ TOKEN = "bench-token-" + "0" * 20
 PREFIX = "clusterctl/snapshots/bench/1.0.0/"
 RELEASE = "bench/release"
 STEPS = (98, 99)  # KEEP snapshots per rank
-NOT_MEASURED = ("verdict_s_16k", "verdict_s_100k", "watch_cpu_16k", "watch_cpu_100k", "reregister_s_16k",
-                "reregister_s_100k", "timeline_mb_per_rank_hour", "ettr_projected_16k", "ettr_projected_100k")
+NOT_MEASURED = ("reregister_s_16k", "reregister_s_100k", "ettr_projected_16k", "ettr_projected_100k")
+STEADY_S = 20.0  # seconds of full traffic before the hang (the controller's CPU is measured over them)
+PHASES_PER_STEP = ("forward", "backward", "optimizer")  # each a phase message, then the step's report
 
 
 class CountingStore:
@@ -203,6 +208,167 @@ def one_size(world: int) -> dict[str, Any]:
             "transfers": sorted({t for r in reports for t in r["transfers"]})}
 
 
+# --- the watch path: stand-in aggregators on the real wire, the real controller ------------------------------
+def node_batch(node: str, first_rank: int, step: int, now: float, hung: bool, culprit: int | None) -> bytes:
+    """One second of a node's aggregator: per rank three phase changes, a 1 s step's report and a liveness beat.
+
+    Hung: the culprit says nothing at all (a SIGSTOPped process), every other rank waits in the collective
+    (one phase change into it, then liveness beats only), as a real hang looks from the aggregator.
+    """
+    from clusterctl.runtime.wire import heartbeat as wire
+
+    beats, procs = [], {}
+    for r in range(first_rank, first_rank + GPN):
+        procs[str(r)] = "stopped" if hung and r == culprit else "running"
+        if hung and r == culprit:
+            continue
+        if hung:
+            beats.append(wire.rank_message(wire.ALIVE, r, 1, step, "collective", None, None, now, 10000 + r, r % GPN))
+            continue
+        for phase in PHASES_PER_STEP:
+            beats.append(wire.rank_message(wire.PHASE, r, 1, step, phase, None, None, now, 10000 + r, r % GPN))
+        beats.append(wire.rank_message(wire.STEP, r, 1, step, "optimizer", 1.0, 0.9, now, 10000 + r, r % GPN))
+        beats.append(wire.rank_message(wire.ALIVE, r, 1, step, "optimizer", None, None, now, 10000 + r, r % GPN))
+    for beat in beats:
+        beat["node"], beat["received"] = node, now
+    return (json.dumps({"kind": wire.BATCH, "node": node, "t": now, "beats": beats, "procs": procs}) + "\n").encode()
+
+
+def watch_worker(port: int, world: int, first_node: int, last_node: int, start_at: float, hang_at: float,
+                 culprit: int) -> None:
+    """Aggregators of nodes first..last-1: greet, then a batch a second each; a hang from hang_at; prints send lag."""
+    import selectors
+    import socket
+
+    from clusterctl.runtime.wire import greeting
+    from clusterctl.runtime.wire import heartbeat as wire
+
+    raise_nofile()
+    conns: dict[int, socket.socket] = {}
+    for i in range(first_node, last_node):
+        node = f"node{i:05d}"
+        conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+        data = b""
+        while b"\n" not in data:
+            data += conn.recv(4096)
+        nonce = json.loads(data.split(b"\n")[0])["nonce"]
+        conn.sendall(greeting.hello(CONTROLLER_TOKEN, nonce, node, 20000 + i))
+        data = data.split(b"\n", 1)[1]
+        while b"\n" not in data:
+            data += conn.recv(4096)
+        conns[i] = conn
+    print(json.dumps({"connected": len(conns)}), flush=True)
+    selector = selectors.DefaultSelector()
+    for conn in conns.values():
+        conn.setblocking(False)
+        selector.register(conn, selectors.EVENT_READ)
+    lags: list[float] = []
+    killed: set[int] = set()
+    tick = last_step = 0
+    while time.time() < hang_at + 60 and len(killed) < len(conns):
+        due = start_at + tick
+        while (left := due - time.time()) > 0:  # the controller's commands (dump, kill) are read as they come
+            for key, _ in selector.select(left):
+                try:
+                    got = key.fileobj.recv(65536)
+                except OSError:
+                    got = b""
+                for i, conn in conns.items():
+                    if conn is key.fileobj and i not in killed and (not got or b'"kill"' in got):
+                        killed.add(i)  # a node told to kill its ranks: their processes are gone
+                        gone = [{"kind": wire.GONE, "node": f"node{i:05d}", "rank": r, "pid": 10000 + r, "t": time.time()}
+                                for r in range(i * GPN, i * GPN + GPN)]
+                        with contextlib.suppress(OSError):
+                            conn.setblocking(True)
+                            conn.sendall(b"".join((json.dumps(g) + "\n").encode() for g in gone))
+                        selector.unregister(conn)
+        now = time.time()
+        lags.append(now - due)
+        for i, conn in conns.items():
+            if i in killed:
+                continue
+            hung = now >= hang_at
+            if not hung:
+                last_step = tick  # a hang holds every rank at the step it began in
+            line = node_batch(f"node{i:05d}", i * GPN, last_step, now, hung, culprit)
+            conn.setblocking(True)
+            try:
+                conn.sendall(line)
+            except OSError:
+                killed.add(i)
+            conn.setblocking(False)
+        tick += 1
+    print(json.dumps({"lag_p99_s": sorted(lags)[int(0.99 * (len(lags) - 1))] if lags else None,
+                      "lag_max_s": max(lags, default=None), "killed": len(killed)}), flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def watch_size(root: Path, world: int) -> dict[str, Any]:
+    """A hang in full traffic: the verdict's time past the hang timeout, and the controller's cores meanwhile."""
+    attempt, hosts = make_run(root, world)
+    ctl = Controller(attempt, preloaded=True)
+    store = ctl.wait_store()
+    preload(store, world, hosts, str(attempt.parent))
+    verdict_file = attempt / "verdict.json"
+    deadline = time.monotonic() + 300
+    while not verdict_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not json.loads(verdict_file.read_text()).get("ok"):
+        raise RuntimeError(f"the rendezvous of {world} stand-in ranks failed: {verdict_file.read_text()[:300]}")
+    print(f"  {world}: rendezvous judged; {world // GPN} aggregators connecting", file=sys.stderr, flush=True)
+    watch_port = json.loads((attempt / "controller.json").read_text())["watch_port"]
+    nodes = world // GPN
+    culprit = (nodes // 2) * GPN + 3
+    per = -(-nodes // WORKERS)
+    start_at = time.time() + 5 + nodes / 2000  # the connections first
+    hang_at = start_at + STEADY_S
+    procs = [subprocess.Popen([sys.executable, __file__, "--watch-worker", str(watch_port), str(world), str(i * per),
+                               str(min(nodes, (i + 1) * per)), repr(start_at), repr(hang_at), str(culprit)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT) for i in range(WORKERS)]
+    for p in procs:
+        json.loads(p.stdout.readline())
+    print(f"  {world}: connected; {STEADY_S:g} s of traffic, then a hang", file=sys.stderr, flush=True)
+    if time.time() > start_at:
+        print(f"  {world}: the aggregators connected {time.time() - start_at:.1f} s late", file=sys.stderr)
+    time.sleep(max(0.0, start_at + 5 - time.time()))  # the watchdog past its warm-up
+    cpu0, wall0 = cpu_seconds(ctl.proc.pid), time.time()
+    time.sleep(max(0.0, hang_at - time.time()))
+    cores = (cpu_seconds(ctl.proc.pid) - cpu0) / (time.time() - wall0)
+    found = None
+    while time.time() < hang_at + 120:
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(verdict_file.read_text())
+            if record.get("code") == 82:
+                found = (verdict_file.stat().st_mtime, record)
+                break
+        time.sleep(0.05)
+    reports = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    timeline_mb = (attempt / "timeline.jsonl").stat().st_size / 1e6 if (attempt / "timeline.jsonl").exists() else 0.0
+    ctl.stop()
+    row: dict[str, Any] = {"ranks": world, "nodes": nodes, "watch_cpu": round(cores, 3),
+                           "send_lag_p99_s": max(r["lag_p99_s"] or 0 for r in reports), "timeline_mb": round(timeline_mb, 1)}
+    if found is None:
+        row.update(ok=False, verdict_s=None)
+    else:
+        when, record = found
+        timeout = float(record["evidence"]["hang_timeout_s"])
+        blamed = [c.get("rank") for c in record.get("culprits", [])]
+        row.update(ok=blamed == [culprit], verdict_s=round(when - (hang_at + timeout), 3), hang_timeout_s=timeout,
+                   culprits=blamed[:3], verdict_mb=round(verdict_file.stat().st_size / 1e6, 2))
+    row["timeline_mb_per_rank_hour"] = round(timeline_mb / world / ((hang_at - start_at) / 3600), 3)
+    if row["ok"]:
+        shutil.rmtree(attempt.parent, ignore_errors=True)
+    else:
+        kept = Path(tempfile.mkdtemp(prefix="scalewatch-kept-"))
+        shutil.move(str(attempt.parent), kept)
+        print(f"  {world}: no right verdict; the run is kept in {kept}", file=sys.stderr, flush=True)
+    return row
+
+
 def main() -> None:
     if "--serve" in sys.argv:
         serve()
@@ -211,10 +377,15 @@ def main() -> None:
         i = sys.argv.index("--worker")
         worker(*(int(x) for x in sys.argv[i + 1:i + 5]))
         return
+    if "--watch-worker" in sys.argv:
+        a = sys.argv[sys.argv.index("--watch-worker") + 1:]
+        watch_worker(int(a[0]), int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]), int(a[6]))
+        return
     in_namespace()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1,024 and 16,384 ranks (the default too, for now)")
-    parser.add_argument("--sizes", default="1024,16384")
+    parser.add_argument("--sizes", default="1024,16384", help="the restore agreement's sizes")
+    parser.add_argument("--watch", default="1024,16384,100000", help="the watch path's sizes")
     parser.add_argument("--no-namespace", action="store_true", help="leave name resolution alone")
     args = parser.parse_args()
     raise_nofile(70000)
@@ -222,7 +393,14 @@ def main() -> None:
     for world in (int(x) for x in args.sizes.split(",")):
         rows[world] = one_size(world)
         print(json.dumps(rows[world]), flush=True)
+    watched: dict[int, dict[str, Any]] = {}
+    root = Path(tempfile.mkdtemp(prefix="scalewatch-"))
+    for world in (int(x) for x in ([] if args.quick else args.watch.split(",")) or [1024, 16384]):
+        watched[world] = watch_size(root, world)
+        print(json.dumps(watched[world]), flush=True)
+    shutil.rmtree(root, ignore_errors=True)
     small, large = rows.get(1024), rows.get(16384)
+    w16, w100 = watched.get(16384), watched.get(100000)
     last: dict[str, Any] = {
         "restore_agree_s_1k": small and small["restore_agree_s"],
         "restore_agree_s_16k": large and large["restore_agree_s"],
@@ -232,7 +410,10 @@ def main() -> None:
                                        if small and large else None),
         "restore_leader_bytes_16k": large and large["restore_leader_bytes"],
         "allgather_bytes_per_rank_16k": large and large["allgather_bytes_per_rank"],
-        "all_ok": all(row["ok"] for row in rows.values()),
+        "verdict_s_16k": w16 and w16["verdict_s"], "verdict_s_100k": w100 and w100["verdict_s"],
+        "watch_cpu_16k": w16 and w16["watch_cpu"], "watch_cpu_100k": w100 and w100["watch_cpu"],
+        "timeline_mb_per_rank_hour": w16 and w16["timeline_mb_per_rank_hour"],
+        "all_ok": all(row["ok"] for row in [*rows.values(), *watched.values()]),
     }
     last.update(dict.fromkeys(NOT_MEASURED))
     last["simulated"] = "ranks are threads with real store clients running the real agreement; not torch processes"
