@@ -238,7 +238,7 @@ class Snapshots:
         self.agree_timeout_s = agree_timeout_s
         self.holder = (rank + self.gpus_per_node) % world  # the same local rank on the next node
         self.sender = (rank - self.gpus_per_node) % world
-        self.ring: list[PairLink] | None = None  # to the holder, from the sender: made at the first replica
+        self.ring: list[PairLink] | None = None  # to the holder, from the sender: made when the snapshots open
         self.directory = node / f"rank-{rank}-of-{tag}"
         self.thread: threading.Thread | None = None
         self.error: str | None = None
