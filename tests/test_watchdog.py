@@ -578,3 +578,15 @@ def test_a_slow_node_slows_both_its_ranks_and_is_named() -> None:
         if (finding := wd.check(t)) is not None:
             break
     assert finding is not None and finding.code == ExitCode.STRAGGLER and finding.culprits[0]["host"] == "n2"
+
+
+def test_the_compute_check_names_a_slow_rank_only_when_its_loss_is_its_nodes() -> None:
+    from clusterctl.runtime.controller import straggler
+    from clusterctl.runtime.rank.postchecks import judge_compute
+
+    limits, hosts = straggler.Limits(1.25, 0.02, 0.01), ["node1", "node2"]
+    throttled = judge_compute({0: 0.010, 1: 0.0101, 2: 0.0099, 3: 0.021}, limits, hosts, 2)
+    assert [c["rank"] for c in throttled["slow"]] == [3] and throttled["slow"][0]["host"] == "node2"
+    # a busy machine: rank 0 is past the factor, but a rank on the other node lost more than half as much
+    busy = judge_compute({0: 0.0152, 1: 0.0100, 2: 0.0129, 3: 0.0099}, limits, hosts, 2)
+    assert busy["slow"] == []

@@ -147,13 +147,16 @@ def judge_compute(times: dict[int, float], limits: straggler.Limits, hosts: list
     comparison, one step long). The rule's floors in seconds are left out: they stand above a training step's
     jitter, while this is fixed work timed five times (the fastest), milliseconds long on a healthy GPU. Its factor is
     at least COMPUTE_FACTOR_MIN: ranks sharing a busy host's cores time a short matmul 1.3x apart (the lab's 4 ranks
-    on 2 cores), and a wrong verdict here ends an attempt before it trains."""
+    on 2 cores), and a wrong verdict here ends an attempt before it trains. As in training, a slow rank's loss
+    must be its node's (straggler.stands_out): a node's fault slows its own ranks, a busy machine its ranks on
+    other nodes too (one of the precision corpus's 16 compute checks at load >= 4 named a healthy rank at 1.52x)."""
     ranks = sorted(times)
     found = straggler.standings([{0: times[r]} for r in ranks], [0], trimmed=0)
     unfloored = straggler.Limits(max(limits.factor, COMPUTE_FACTOR_MIN), 0.0, 0.0)
-    culprits = [{"rank": ranks[s.rank], "host": hosts[ranks[s.rank] // gpus_per_node],
+    nodes = [hosts[r // gpus_per_node] for r in ranks]
+    culprits = [{"rank": ranks[s.rank], "host": nodes[s.rank],
                  "reason": f"compute {s.ratio:.2f}x its peers' median", "evidence": "slow"}
-                for s in found if straggler.is_straggler(s, unfloored)]
+                for s in found if straggler.is_straggler(s, unfloored) and straggler.stands_out(s, found, nodes)]
     return {"median_s": statistics.median(times.values()), "factor": unfloored.factor, "slow": culprits}
 
 
