@@ -45,7 +45,8 @@ class PairLink:
         self.name = f"{prefix}pair/{sender}-{receiver}"
         self.peer = receiver if me == sender else sender
         self.token = token
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore(self.name + "/", store), 0 if me == sender else 1, 2,
+        self.other = 1 if me == sender else 0  # the peer's rank in the two-rank group: the sender is 0
+        self.group = dist.ProcessGroupGloo(dist.PrefixStore(self.name + "/", store), 1 - self.other, 2,
                                            timedelta(seconds=timeout_s))
 
     def post(self, data: bytes, step: int) -> Callable[[], None]:
@@ -53,7 +54,7 @@ class PairLink:
         payload = sealed.seal(self.token, f"{self.name}/{step}", data) if self.token else data
         head = torch.tensor([len(payload), step], dtype=torch.int64)
         body = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        works = [self.group.send([head], 1 - self._me, TAG), self.group.send([body], 1 - self._me, TAG)]
+        works = [self.group.send([head], self.other, TAG), self.group.send([body], self.other, TAG)]
 
         def taken() -> None:
             sending = (head, body)  # the tensors stay alive until the peer has taken them
@@ -66,9 +67,9 @@ class PairLink:
     def take(self) -> tuple[int, bytes]:
         """(step, data) of the next transfer from the peer; SealError when the token did not seal it."""
         head = torch.zeros(2, dtype=torch.int64)
-        self.group.recv([head], 1 - self._me, TAG).wait()
+        self.group.recv([head], self.other, TAG).wait()
         body = torch.empty(int(head[0]), dtype=torch.uint8)
-        self.group.recv([body], 1 - self._me, TAG).wait()
+        self.group.recv([body], self.other, TAG).wait()
         step, raw = int(head[1]), body.numpy().tobytes()
         if not self.token:
             return step, raw
@@ -76,10 +77,6 @@ class PairLink:
         if data is None:
             raise SealError(f"the snapshot of step {step} from rank {self.peer} is not sealed with this attempt's token")
         return step, data
-
-    @property
-    def _me(self) -> int:
-        return self.group.rank()
 
 
 def ring_colour(node: int, nodes: int) -> int:
