@@ -54,9 +54,11 @@ restart's first steps (warm or cold) change every rank's pace.
 
 from __future__ import annotations
 
-import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 TRIM_SHARE = 0.1  # of the window's steps, left out at each end of a rank's excesses: one-off spikes are no steady loss
 RECUR_WINDOWS = 3  # disjoint windows in a row over which a recurring straggler's loss is judged, every step counted
@@ -101,75 +103,112 @@ def trim(window: int) -> int:
     return min((window - 1) // 2, max(1, int(window * TRIM_SHARE)))
 
 
-def common_steps(series: Sequence[Sequence[tuple[int, float]]], window: int, earlier: int = 0) -> list[int] | None:
-    """The newest `window` steps every rank reported (in the first rank's order), with up to `earlier` steps
-    before them, or None while there are fewer than `window`."""
-    if len(series) < 2:
-        return None  # one rank alone has nobody waiting for it: no straggler
-    back = 2 * window + earlier
-    recent = [{step for step, _ in s[-back:]} for s in series]
-    shared = set.intersection(*recent)
-    ordered = [step for step, _ in series[0][-back:] if step in shared]
-    ordered = list(dict.fromkeys(ordered))  # a step reported twice counts once
-    return ordered[-(window + earlier) :] if len(ordered) >= window else None
-
-
-def peer_medians(values: Sequence[float]) -> list[float]:
+def peer_medians(values: np.ndarray) -> np.ndarray:
     """For each value, the median of all the others (one sort for all of them, not one per rank)."""
     n = len(values)
-    order = sorted(range(n), key=values.__getitem__)
-    ranked = [values[i] for i in order]
+    if n < 2:
+        return values.astype(float)  # nobody else: no excess
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    position = np.empty(n, dtype=np.intp)
+    position[order] = np.arange(n)
     low, high = (n - 2) // 2, (n - 1) // 2  # the middle of the n - 1 others
-    out = [0.0] * n
-    for pos, index in enumerate(order):
-        a = ranked[low] if low < pos else ranked[low + 1]
-        b = ranked[high] if high < pos else ranked[high + 1]
-        out[index] = (a + b) / 2
-    return out
+    a = np.where(low < position, ranked[low], ranked[low + 1])
+    b = np.where(high < position, ranked[high], ranked[high + 1])
+    return (a + b) / 2
+
+
+@dataclass(frozen=True)
+class Found:
+    """Every rank's standing over one span, as arrays by rank: the rule reads 100,000 ranks at once."""
+
+    peers_s: np.ndarray
+    lost_s: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lost_s)
+
+    def __getitem__(self, rank: int) -> Standing:
+        return Standing(rank, float(self.peers_s[rank]), float(self.lost_s[rank]))
+
+    def __iter__(self) -> Iterator[Standing]:
+        return (self[r] for r in range(len(self)))
+
+    def past(self, limits: Limits) -> np.ndarray:
+        """Which ranks are past every limit (is_straggler, for all of them)."""
+        compute = self.peers_s + self.lost_s
+        return ((compute >= limits.min_compute_s) & (self.lost_s >= limits.min_lost_s)
+                & (self.lost_s > (limits.factor - 1.0) * self.peers_s))
+
+    def most_lost(self, mask: np.ndarray | None = None) -> float:
+        """The most any rank (of `mask`) lost a step."""
+        chosen = self.lost_s if mask is None else self.lost_s[mask]
+        return float(chosen.max()) if chosen.size else float("-inf")
 
 
 @dataclass(frozen=True)
 class Excesses:
-    """Each rank's excess over its peers' median at each step of a span, and that median: one pass over the
-    steps, from which every window's standing is read."""
+    """Each rank's excess over its peers' median at each step of a span, and that median: each step's column
+    computed once, from which every window's standing is read."""
 
     steps: list[int]
-    excess: list[list[float]]  # [rank][i]: its compute time at steps[i] minus its peers' median there
-    base: list[list[float]]  # [rank][i]: that median
+    excess: np.ndarray  # [rank, i]: its compute time at steps[i] minus its peers' median there
+    base: np.ndarray  # [rank, i]: that median
+
+    @classmethod
+    def of_columns(cls, steps: Sequence[int], excess: Sequence[np.ndarray], base: Sequence[np.ndarray]) -> Excesses:
+        """A table from per-step columns (each indexed by rank)."""
+        return cls(list(steps), np.stack(list(excess), axis=1), np.stack(list(base), axis=1))
+
+    def found(self, lo: int = 0, hi: int | None = None, trimmed: int = 0) -> Found:
+        """Every rank's standing over steps[lo:hi], its `trimmed` largest and smallest excesses left out."""
+        return _found(self.excess, self.base, lo, hi, trimmed)
 
     def standing(self, rank: int, lo: int = 0, hi: int | None = None, trimmed: int = 0) -> Standing:
-        """The rank's standing over steps[lo:hi], its `trimmed` largest and smallest excesses left out."""
-        hi = len(self.steps) if hi is None else hi
-        kept = sorted(self.excess[rank][lo:hi])[trimmed : hi - lo - trimmed]
-        return Standing(rank, statistics.fmean(self.base[rank][lo:hi]), statistics.fmean(kept))
+        """The rank's standing over steps[lo:hi] (the same arithmetic as `found`, for its row alone)."""
+        one = _found(self.excess[rank : rank + 1], self.base[rank : rank + 1], lo, hi, trimmed)
+        return Standing(rank, float(one.peers_s[0]), float(one.lost_s[0]))
 
     def stalls(self, rank: int, lo: int = 0, hi: int | None = None) -> int:
         """How many of steps[lo:hi] took the rank more than twice its peers' median: stalls, not a slowdown."""
-        return sum(e > b for e, b in zip(self.excess[rank][lo:hi], self.base[rank][lo:hi]))
+        return int((self.excess[rank, lo:hi] > self.base[rank, lo:hi]).sum())
+
+
+def _found(excess: np.ndarray, base: np.ndarray, lo: int, hi: int | None, trimmed: int) -> Found:
+    hi = excess.shape[1] if hi is None else hi
+    kept = np.sort(excess[:, lo:hi], axis=1)[:, trimmed : hi - lo - trimmed]
+    return Found(base[:, lo:hi].mean(axis=1), kept.mean(axis=1))
+
+
+def column(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One step's excesses and peers' medians, by rank, from every rank's compute time at that step."""
+    base = peer_medians(values)
+    return values - base, base
 
 
 def excesses(compute: Sequence[Mapping[int, float]], steps: Sequence[int]) -> Excesses:
     """compute[rank][step], that rank's compute time at that step, set against its peers' median at each of `steps`."""
+    columns = [column(np.array([c[step] for c in compute], dtype=float)) for step in steps]
     world = len(compute)
-    excess: list[list[float]] = [[] for _ in range(world)]
-    base: list[list[float]] = [[] for _ in range(world)]
-    for step in steps:
-        values = [compute[r][step] for r in range(world)]
-        for r, median in enumerate(peer_medians(values)):
-            excess[r].append(values[r] - median)
-            base[r].append(median)
-    return Excesses(list(steps), excess, base)
+    if not columns:
+        return Excesses([], np.zeros((world, 0)), np.zeros((world, 0)))
+    return Excesses.of_columns(steps, [e for e, _ in columns], [b for _, b in columns])
 
 
-def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trimmed: int | None = None) -> list[Standing]:
+def standings(compute: Sequence[Mapping[int, float]], steps: Sequence[int], trimmed: int | None = None) -> Found:
     """Each rank's standing over `steps` (compute[rank][step]: that rank's compute time at that step), its
     `trimmed` (default `trim(len(steps))`) largest and smallest excesses left out."""
-    table = excesses(compute, steps)
     k = trim(len(steps)) if trimmed is None else trimmed
-    return [table.standing(r, trimmed=k) for r in range(len(compute))]
+    return excesses(compute, steps).found(trimmed=k)
 
 
-def recurring(table: Excesses, window: int, limits: Limits, nodes: Sequence[str] = ()) -> Standing | None:
+def node_ids(nodes: Sequence[str]) -> np.ndarray:
+    """Each rank's node as a number (ranks by index), for comparing losses across nodes at once."""
+    index: dict[str, int] = {}
+    return np.array([index.setdefault(n, len(index)) for n in nodes], dtype=np.intp)
+
+
+def recurring(table: Excesses, window: int, limits: Limits, nodes: np.ndarray | Sequence[str] = ()) -> Standing | None:
     """The rank whose loss over the last `RECUR_WINDOWS` disjoint windows of the table's steps, every step counted,
     is past every limit, with `RECUR_STALLS` stalls and a loss past the factor in each of those windows (the one
     that lost the most when several are); None when no rank is, or the table holds fewer windows. See the module's
@@ -180,9 +219,10 @@ def recurring(table: Excesses, window: int, limits: Limits, nodes: Sequence[str]
     start = end - RECUR_WINDOWS * window
     factor_only = Limits(limits.factor, 0.0, 0.0)
     windows = [(start + i * window, start + (i + 1) * window) for i in range(RECUR_WINDOWS)]
-    overall = [table.standing(r, start) for r in range(len(table.excess))]
-    past = [whole for whole in overall
-            if is_straggler(whole, limits) and stands_out(whole, overall, nodes)
+    overall = table.found(start)
+    candidates = np.flatnonzero(overall.past(limits))
+    past = [whole for whole in (overall[int(r)] for r in candidates)
+            if stands_out(whole, overall, nodes)
             and all(table.stalls(whole.rank, lo, hi) >= RECUR_STALLS
                     and is_straggler(table.standing(whole.rank, lo, hi), factor_only) for lo, hi in windows)]
     return max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
@@ -197,45 +237,52 @@ def is_straggler(s: Standing, limits: Limits) -> bool:
     )
 
 
-def stands_out(s: Standing, found: Sequence[Standing], nodes: Sequence[str]) -> bool:
+def stands_out(s: Standing, found: Found, nodes: np.ndarray | Sequence[str]) -> bool:
     """Its loss is its node's: no rank on another node loses `1 / STAND_OUT` of it or more (`nodes[rank]`: each
-    rank's node; none known, every loss is taken as its node's)."""
-    others = [f.lost_s for f in found if nodes and nodes[f.rank] != nodes[s.rank]]
-    return not others or s.lost_s > STAND_OUT * max(0.0, max(others))
+    rank's node, or node_ids of them; none known, every loss is taken as its node's)."""
+    if len(nodes) == 0:
+        return True
+    ids = nodes if isinstance(nodes, np.ndarray) else node_ids(nodes)
+    others = ids != ids[s.rank]
+    return not others.any() or s.lost_s > STAND_OUT * max(0.0, found.most_lost(others))
 
 
-def slowest(found: Sequence[Standing], limits: Limits, nodes: Sequence[str] = ()) -> Standing | None:
+def slowest(found: Found, limits: Limits, nodes: np.ndarray | Sequence[str] = ()) -> Standing | None:
     """The straggler that lost the most time a step, or None when no rank is past every limit, or the one that is
     loses no more than ranks on other nodes (stands_out)."""
-    past = [s for s in found if is_straggler(s, limits)]
-    worst = max(past, key=lambda s: (s.lost_s, -s.rank)) if past else None
-    return worst if worst is not None and stands_out(worst, found, nodes) else None
+    past = found.past(limits)
+    if not past.any():
+        return None
+    worst = found[int(np.argmax(np.where(past, found.lost_s, -np.inf)))]  # the first of equal losses: the lowest rank
+    return worst if stands_out(worst, found, nodes) else None
 
 
-def named_from(compute: Sequence[Mapping[int, float]], span: Sequence[int], rank: int, window: int, limits: Limits) -> int:
+def named_from(table: Excesses, rank: int, window: int, limits: Limits) -> int:
     """The step from which `rank` has been past every limit at each step, counted back from the newest: the
-    window ending at that step and at every later one of `span` names it. Persistence is thus counted in the
-    ranks' steps, not in the watchdog's checks: a node reports its ranks' steps once a second, so a check can
-    see many new steps at once, and a straggler shown by them is named at the step it showed, not a check later."""
-    table = excesses(compute, span)
+    window ending at that step and at every later one of the table's last 2 x window steps names it. Persistence
+    is thus counted in the ranks' steps, not in the watchdog's checks: a node reports its ranks' steps once a
+    second, so a check can see many new steps at once, and a straggler shown by them is named at the step it
+    showed, not a check later."""
     k = trim(window)
-    first = span[-1]
-    for end in range(len(span), window - 1, -1):
+    steps = table.steps
+    lo = max(0, len(steps) - 2 * window)
+    first = steps[-1]
+    for end in range(len(steps), lo + window - 1, -1):
         if not is_straggler(table.standing(rank, end - window, end, trimmed=k), limits):
             break
-        first = span[end - 1]
+        first = steps[end - 1]
     return first
 
 
-def confirmed(
-    compute: Sequence[Mapping[int, float]], steps: Sequence[int], rank: int, since: int, limits: Limits
-) -> Standing | None:
-    """The suspect's standing over the window's steps after `since` (when it was first named), every one counted,
-    when it is past every limit there too: its loss goes on, it did not just happen once in the window."""
-    newer = [step for step in steps if step > since]
+def confirmed(table: Excesses, rank: int, since: int, limits: Limits, window: int) -> Standing | None:
+    """The suspect's standing over the steps of the table's last window after `since` (when it was first named),
+    every one counted, when it is past every limit there too: its loss goes on, it did not just happen once in
+    the window."""
+    start = len(table.steps) - window
+    newer = [i for i in range(start, len(table.steps)) if table.steps[i] > since]
     if not newer:
         return None
-    found = standings(compute, newer, trimmed=0)[rank]
+    found = table.standing(rank, newer[0], newer[-1] + 1)
     return found if is_straggler(found, limits) else None
 
 

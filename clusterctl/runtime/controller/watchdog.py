@@ -48,11 +48,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.runjson import WatchdogRecord
 from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, FAULT_NODE, Verdict
 from clusterctl.runtime.controller import straggler
 from clusterctl.runtime.controller.blame import Facts, TaskEnd, lost_node_verdict
+from clusterctl.runtime.controller.stepcolumns import StepColumns
 from clusterctl.runtime.wire import heartbeat as wire
 from clusterctl.runtime.wire.heartbeat import GONE, PROGRESS_KINDS
 
@@ -66,6 +69,8 @@ PHASE_FLOOR_S = 60.0  # ...and at least this long: a busier filesystem, a larger
 MEASURED_PHASES = ("save", "load")
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 WAITING_PHASES = ("collective",)
+TIMEOUT_SAMPLE = 1024  # ranks whose step times set the hang timeout (evenly spread): every one of a smaller world
+EVIDENCE_RANKS = 32  # ranks a straggler verdict's evidence lists by name: its culprit and those that lost the most
 
 
 def straggler_warmup(window: int) -> int:
@@ -90,7 +95,6 @@ class RankState:
     phase_since: float | None = None
     steps_done: int = 0
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))
-    compute: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=512))
     process: str | None = None  # the aggregator's view: running, sleeping, stopped, gone
     closed: bool = False  # the rank's training loop said it is done
     sent: float = 0.0  # the sender's time of the latest phase news applied
@@ -114,6 +118,9 @@ class Watchdog:
         self.longest: dict[str, float] = {}  # save/load -> the longest one every rank finished in this attempt, seconds
         self.earlier = dict(earlier or {})  # save/load -> the longest of this run's earlier attempts, seconds
         self._round: dict[str, float] = {}  # save/load -> when the first rank entered the one under way
+        self.columns = StepColumns(world, straggler.RECUR_WINDOWS * settings.window, straggler_warmup(settings.window))
+        self._node_ids = straggler.node_ids([r.node for r in self.ranks])  # the rule sets a loss against other nodes'
+        self._judged = -1  # the columns the straggler rule last judged (StepColumns.made)
 
     # --- input -------------------------------------------------------------------
     def observe(self, msg: dict[str, Any], received: float) -> None:
@@ -148,7 +155,7 @@ class Watchdog:
             if msg.get("step_s") is not None:
                 state.step_times.append(float(msg["step_s"]))
             if msg.get("compute_s") is not None:
-                state.compute.append((step, float(msg["compute_s"])))
+                self.columns.add(rank, step, float(msg["compute_s"]))
         if kind == wire.STEP or phase != state.phase or step != state.step:
             state.last_progress = received
             self.last_progress = received
@@ -242,10 +249,11 @@ class Watchdog:
 
     def _step_timeout(self) -> tuple[float, str]:
         s = self.settings
-        done = sorted(r.steps_done for r in self.ranks)
+        sample = self.ranks[:: max(1, self.world // TIMEOUT_SAMPLE)]
+        done = sorted(r.steps_done for r in sample)
         if not done or done[len(done) // 2] < WARMUP_STEPS:
             return s.hang_timeout, "warm-up: fewer than 5 steps observed (watchdog.hang_timeout)"
-        recent = [t for r in self.ranks for t in list(r.step_times)[-s.window :]]
+        recent = [t for r in sample for t in list(r.step_times)[-s.window :]]
         median = statistics.median(recent) if recent else s.hang_timeout
         derived = min(s.hang_timeout, max(HANG_FLOOR_S, HANG_MULTIPLE * median))
         return derived, f"{HANG_MULTIPLE:g} x the median step time {median:.3g} s (at most watchdog.hang_timeout)"
@@ -375,43 +383,41 @@ class Watchdog:
 
     def check_straggler(self) -> Verdict | None:
         """A rank that loses a steady share of its time against its peers (runtime/controller/straggler.py): on every step for
-        PERSIST_STEPS, or in stalls that recur over straggler.RECUR_WINDOWS windows."""
+        PERSIST_STEPS, or in stalls that recur over straggler.RECUR_WINDOWS windows. Judged once for each new step
+        every rank reported (the columns): nothing else changes what the rule says."""
+        if self.world < 2 or self.columns.made == self._judged:
+            return None  # one rank alone has nobody waiting for it; no new step since the last judgment
+        self._judged = self.columns.made
         s = self.settings
-        limits = straggler.limits(s)
-        skip = straggler_warmup(s.window)
-        series = [list(r.compute)[skip:] for r in self.ranks]  # each rank's steps after the attempt's first window
-        span = straggler.common_steps(series, s.window, earlier=(straggler.RECUR_WINDOWS - 1) * s.window)
-        if span is None:
+        table = self.columns.table(straggler.RECUR_WINDOWS * s.window)  # one table: both rules read it
+        if table is None or len(table.steps) < s.window:
             self._suspect = None
-            return None  # every rank needs a full window of its own, and a peer
-        compute = [dict(samples[-(straggler.RECUR_WINDOWS + 1) * s.window :]) for samples in series]
-        table = straggler.excesses(compute, span[-straggler.RECUR_WINDOWS * s.window :])  # one pass: both rules read it
-        return self._steady(compute, span, table, limits) or self._recurring(compute, table, limits)
+            return None  # a full window of steps every rank reported, after the attempt's first
+        limits = straggler.limits(s)
+        return self._steady(table, limits) or self._recurring(table, limits)
 
-    def _steady(self, compute: list[dict[int, float]], span: list[int], table: straggler.Excesses,
-                limits: straggler.Limits) -> Verdict | None:
+    def _steady(self, table: straggler.Excesses, limits: straggler.Limits) -> Verdict | None:
         """The trimmed rule over the last window, named at each step since `since` and confirmed over them."""
         window = self.settings.window
-        steps = span[-window:]
         last = len(table.steps) - window
-        found = [table.standing(r, last, trimmed=straggler.trim(window)) for r in range(self.world)]
-        worst = straggler.slowest(found, limits, self._nodes)
+        steps = table.steps[last:]
+        found = table.found(last, trimmed=straggler.trim(window))
+        worst = straggler.slowest(found, limits, self._node_ids)
         if worst is None:
             self._suspect = None
             return None
         if self._suspect is None or self._suspect[0] != worst.rank:
-            recent = span[-2 * window :]
-            self._suspect = (worst.rank, straggler.named_from(compute, recent, worst.rank, window, limits))
+            self._suspect = (worst.rank, straggler.named_from(table, worst.rank, window, limits))
         since = self._suspect[1]
         newer = [step for step in steps if step > since]
         if len(newer) < min(PERSIST_STEPS, window):
             return None
-        going_on = straggler.confirmed(compute, steps, worst.rank, since, limits)
+        going_on = straggler.confirmed(table, worst.rank, since, limits, window)
         if going_on is None:
             self._suspect = (worst.rank, steps[-1])  # not losing since: a new span must show it
             return None
         why = straggler.describe(worst, window, going_on, len(newer), limits, _peers_lost(found, worst))
-        return self._straggler_verdict(worst, found, steps, compute, why, {
+        return self._straggler_verdict(worst, found, steps, why, {
             "rule": "steady",
             "trimmed_steps": straggler.trim(window),
             "since_step": since,
@@ -419,31 +425,29 @@ class Watchdog:
             "lost_since_s": round(going_on.lost_s, 6),
         })
 
-    def _recurring(self, compute: list[dict[int, float]], table: straggler.Excesses,
-                   limits: straggler.Limits) -> Verdict | None:
+    def _recurring(self, table: straggler.Excesses, limits: straggler.Limits) -> Verdict | None:
         """Stalls on some steps, every step counted, over the last RECUR_WINDOWS windows."""
         window = self.settings.window
-        worst = straggler.recurring(table, window, limits, self._nodes)
+        worst = straggler.recurring(table, window, limits, self._node_ids)
         if worst is None:
             return None
         start = len(table.steps) - straggler.RECUR_WINDOWS * window
         steps = table.steps[start:]
-        found = [table.standing(r, start) for r in range(self.world)]
+        found = table.found(start)
         stalls = table.stalls(worst.rank, start)
         why = straggler.describe_recurring(worst, window, stalls, limits, _peers_lost(found, worst))
-        return self._straggler_verdict(worst, found, steps, compute, why, {
+        return self._straggler_verdict(worst, found, steps, why, {
             "rule": "recurring", "trimmed_steps": 0, "windows": straggler.RECUR_WINDOWS, "stalled_steps": stalls,
             "since_step": steps[0], "due_step": steps[-1]})
 
-    @property
-    def _nodes(self) -> list[str]:
-        """Each rank's node, by rank (the straggler rule sets a loss against the other nodes' ranks)."""
-        return [r.node for r in self.ranks]
-
-    def _straggler_verdict(self, worst: straggler.Standing, found: list[straggler.Standing], steps: list[int],
-                           compute: list[dict[int, float]], why: str, rule: dict[str, Any]) -> Verdict:
+    def _straggler_verdict(self, worst: straggler.Standing, found: straggler.Found, steps: list[int], why: str,
+                           rule: dict[str, Any]) -> Verdict:
+        """The evidence names the culprit and the EVIDENCE_RANKS - 1 ranks that lost the most besides it (every rank
+        of a small world; the median of all of them at any size): a 100,000-rank table is no evidence anyone reads."""
         s = self.settings
         culprit = self.ranks[worst.rank]
+        named = [worst.rank] + [int(r) for r in np.argsort(-found.lost_s, kind="stable")[:EVIDENCE_RANKS] if r != worst.rank]
+        named = sorted(named[:EVIDENCE_RANKS])
         evidence: dict[str, Any] = {
             "straggler_factor": s.straggler_factor,
             "straggler_min_compute_s": s.straggler_min_compute_s,
@@ -451,9 +455,10 @@ class Watchdog:
             "window": s.window,
             **rule,
             "ratio": round(worst.ratio, 3),
-            "lost_s": {str(f.rank): round(f.lost_s, 6) for f in found},
-            "peers_compute_s": {str(f.rank): round(f.peers_s, 6) for f in found},
-            "culprit_compute_s": [[step, round(compute[worst.rank][step], 6)] for step in steps],
+            "lost_s": {str(r): round(float(found.lost_s[r]), 6) for r in named},
+            "peers_compute_s": {str(r): round(float(found.peers_s[r]), 6) for r in named},
+            "lost_s_median": round(float(np.median(found.lost_s)), 6),
+            "culprit_compute_s": [[step, round(self.columns.value(worst.rank, step), 6)] for step in steps],
             "step": culprit.step,
         }
         self._add_gpu_evidence(evidence, [culprit])
@@ -496,6 +501,8 @@ class Watchdog:
             evidence["gpu"] = found
 
 
-def _peers_lost(found: list[straggler.Standing], worst: straggler.Standing) -> float:
+def _peers_lost(found: straggler.Found, worst: straggler.Standing) -> float:
     """The most any peer of the straggler lost a step: the verdict shows that nobody else was slow."""
-    return max(f.lost_s for f in found if f.rank != worst.rank)
+    others = np.ones(len(found), dtype=bool)
+    others[worst.rank] = False
+    return found.most_lost(others)
