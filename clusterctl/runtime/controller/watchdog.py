@@ -121,6 +121,10 @@ class Watchdog:
         self.columns = StepColumns(world, straggler.RECUR_WINDOWS * settings.window, straggler_warmup(settings.window))
         self._node_ids = straggler.node_ids([r.node for r in self.ranks])  # the rule sets a loss against other nodes'
         self._judged = -1  # the columns the straggler rule last judged (StepColumns.made)
+        # Tallies kept as the ranks change, so a check reads them instead of every rank (100,000 a check):
+        self._live_in: dict[str, int] = {"start": world}  # phase -> ranks in it whose process is not gone
+        self._open_in: dict[str, int] = {"start": world}  # ... and whose loop has not closed
+        self._ended = 0  # ranks whose process is gone or whose loop closed
 
     # --- input -------------------------------------------------------------------
     def observe(self, msg: dict[str, Any], received: float) -> None:
@@ -137,8 +141,10 @@ class Watchdog:
         if msg.get("gpu") is not None:
             state.gpu = msg["gpu"]
         kind = msg.get("kind")  # wire/heartbeat.py: hello (pid only), alive, phase, step, closed
-        if kind == wire.CLOSED:
+        if kind == wire.CLOSED and not state.closed:
+            self._tally(state, -1)
             state.closed = True
+            self._tally(state, 1)
             if state.phase in self._round:  # a stop's save is the rank's last phase: its loop closing ends it
                 self._round_ended(state.phase, received)
         step = int(msg.get("step", state.step))
@@ -161,7 +167,12 @@ class Watchdog:
             self.last_progress = received
         if phase != state.phase:
             state.phase_since = received
-        left, state.phase, state.step = state.phase, phase, step
+        left = state.phase
+        if phase != left:
+            self._tally(state, -1)
+            state.phase = phase
+            self._tally(state, 1)
+        state.step = step
         if phase in MEASURED_PHASES:
             self._round.setdefault(phase, received)
         if left in MEASURED_PHASES and left != phase and left in self._round:
@@ -171,16 +182,28 @@ class Watchdog:
         """A save or load is measured once every live rank is out of it, from the first rank's start to the last
         one's end: where one rank writes what the others do not (rank 0's full state), the others' quick exits are
         not its length."""
-        if any(r.phase == phase and r.process != GONE and not r.closed for r in self.ranks):
+        if self._open_in.get(phase):
             return
         took = now - self._round.pop(phase)
         self.longest[phase] = max(took, self.longest.get(phase, 0.0))
+
+    def _tally(self, state: RankState, sign: int) -> None:
+        """Count the rank out (-1) before its phase, process or loop changes, and in (+1) after."""
+        if state.process != GONE:
+            self._live_in[state.phase] = self._live_in.get(state.phase, 0) + sign
+            if not state.closed:
+                self._open_in[state.phase] = self._open_in.get(state.phase, 0) + sign
+        if state.process == GONE or state.closed:
+            self._ended += sign
 
     def observe_process(self, rank: int, status: str, when: float) -> None:
         """The aggregator saw the rank's process `running`, `sleeping`, `stopped` or `gone`."""
         if 0 <= rank < self.world:
             state = self.ranks[rank]
-            state.process = status
+            if status != state.process:
+                self._tally(state, -1)
+                state.process = status
+                self._tally(state, 1)
             if status == GONE and state.gone_at is None:
                 state.gone_at = when
 
@@ -202,7 +225,7 @@ class Watchdog:
             if now - when < NODE_LOST_CONFIRM_S:
                 return None
             return lost_node_verdict(self.facts(), node, when)
-        if any(r.process == GONE or r.closed for r in self.ranks):
+        if self._ended:
             return None
         return self.check(now)
 
@@ -227,12 +250,11 @@ class Watchdog:
     def _phase_timeout(self) -> tuple[float, str] | None:
         """The configured bound while a live rank saves, loads or evaluates: those may take far longer than a step."""
         s = self.settings
-        live = [r for r in self.ranks if r.process != GONE]
-        if any(r.phase == "save" for r in live):
+        if self._live_in.get("save"):
             return self._measured("save", s.save_timeout, "a checkpoint save is in progress")
-        if any(r.phase == "load" for r in live):
+        if self._live_in.get("load"):
             return self._measured("load", s.load_timeout, "a checkpoint is being loaded")
-        if any(r.phase == "eval" for r in live):
+        if self._live_in.get("eval"):
             return s.hang_timeout, "an evaluation is in progress (watchdog.hang_timeout)"
         return None
 
