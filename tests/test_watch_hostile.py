@@ -25,6 +25,7 @@ from clusterctl.runtime.controller import watchserver
 from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.controller.watchserver import WatchServer
 from clusterctl.runtime.wire import greeting
+from clusterctl.runtime.wire import heartbeat as wire
 
 TOKEN = "the-attempt-secret"
 FAST = Settings(hang_timeout=30, save_timeout=8, straggler_factor=1.25, window=10)
@@ -52,8 +53,12 @@ class Server:
         return conn
 
     def beat(self, conn: socket.socket, rank: int, step: int) -> None:
-        batch = {"kind": "batch", "beats": [{"kind": "phase", "rank": rank, "step": step, "phase": "forward", "pid": 1}]}
-        conn.sendall((json.dumps(batch) + "\n").encode())
+        conn.sendall(batch_line([{"kind": "phase", "rank": rank, "step": step, "phase": "forward", "pid": 1}]))
+
+
+def batch_line(messages: list[dict[str, object]], procs: dict[str, str] | None = None) -> bytes:
+    """A batch that carries these rank messages, as an aggregator sends it."""
+    return (json.dumps(wire.batch("n?", time.time(), wire.rows_of(messages), procs or {})) + "\n").encode()
 
 
 def read_challenge(conn: socket.socket) -> str:
@@ -175,7 +180,9 @@ def test_sends_never_block_and_a_peer_that_stops_reading_is_dropped_as_its_node(
 def test_garbage_after_a_valid_hello_is_ignored_and_the_server_stays_up(srv: Server) -> None:
     conn = srv.greet("n1")
     for junk in (b"[1, 2]\n", b"null\n", b"{not json\n", b'{"kind": "gone", "rank": "x"}\n',
-                 b'{"kind": "batch", "beats": 7}\n', b'{"kind": "batch", "beats": [1, "a"], "procs": [3]}\n',
+                 b'{"kind": "batch", "ranks": 7}\n', b'{"kind": "batch", "ranks": [1, "a", [0]], "procs": [3]}\n',
+                 b'{"kind": "batch", "ranks": [[0, 1, null, "nowhere", 3, 0, true, false, 0, [], []]]}\n',
+                 b'{"kind": "batch", "ranks": [[0, 1, null, "idle", 3, 0, true, false, 0, [[1]], [[2, "x"]]]]}\n',
                  b'{"kind": "gone", "rank": 0, "t": "soon"}\n'):
         conn.sendall(junk)
     srv.beat(conn, 0, 9)
@@ -197,10 +204,9 @@ def test_a_line_nested_past_the_parsers_depth_costs_nothing_and_a_stopped_rank_i
         for step in range(8):  # past the warm-up: the step's timeout is the 3 s floor
             for conn, rank in ((n1, 0), (n2, 1)):
                 beat = {"kind": "step", "rank": rank, "step": step, "phase": "forward", "pid": 1, "step_s": 0.1}
-                conn.sendall((json.dumps({"kind": "batch", "beats": [beat]}) + "\n").encode())
+                conn.sendall(batch_line([beat]))
         assert srv.server.wait_until(lambda: srv.watchdog.ranks[1].step == 7, 5)
-        procs = {"kind": "batch", "beats": [], "procs": {"1": "stopped"}}
-        n2.sendall((json.dumps(procs) + "\n").encode())
+        n2.sendall(batch_line([], {"1": "stopped"}))
         deadline = time.monotonic() + 15
         while not srv.findings and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -256,7 +262,7 @@ def test_the_aggregator_drops_malformed_datagrams_and_keeps_the_good_ones(tmp_pa
     finally:
         sender.close()
         inbound.close()
-    assert [(m["rank"], m["step"]) for m in agg.pending] == [(0, 4)]
+    assert [(row[0], row[4]) for row in (d.row() for d in agg.digests.values())] == [(0, 4)]
     assert agg.pids == {0: os.getpid()}
 
 
@@ -303,7 +309,9 @@ def test_an_aggregator_crowded_out_before_its_hello_was_heard_tries_again_and_ge
         with srv.server.lock:
             assert [i["node"] for i in srv.server.conns.values() if i["greeted"]] == ["n2"]
         agg.out = conn
-        agg.send({"kind": "batch", "beats": [{"kind": "phase", "rank": 1, "step": 9, "phase": "forward", "pid": 1}]})
+        agg.digests[1] = wire.RankDigest(1, agg.cap)
+        agg.digests[1].take({"kind": "phase", "rank": 1, "step": 9, "phase": "forward", "pid": 1})
+        agg.send_batch()
         assert srv.server.wait_until(lambda: srv.watchdog.ranks[1].step == 9, 5)
     finally:
         conn.close()

@@ -152,13 +152,13 @@ class Excesses:
     computed once, from which every window's standing is read."""
 
     steps: list[int]
-    excess: np.ndarray  # [rank, i]: its compute time at steps[i] minus its peers' median there
-    base: np.ndarray  # [rank, i]: that median
+    excess: np.ndarray  # [i, rank]: its compute time at steps[i] minus its peers' median there (a step a row)
+    base: np.ndarray  # [i, rank]: that median
 
     @classmethod
     def of_columns(cls, steps: Sequence[int], excess: Sequence[np.ndarray], base: Sequence[np.ndarray]) -> Excesses:
         """A table from per-step columns (each indexed by rank)."""
-        return cls(list(steps), np.stack(list(excess), axis=1), np.stack(list(base), axis=1))
+        return cls(list(steps), np.stack(list(excess)), np.stack(list(base)))
 
     def found(self, lo: int = 0, hi: int | None = None, trimmed: int = 0) -> Found:
         """Every rank's standing over steps[lo:hi], its `trimmed` largest and smallest excesses left out."""
@@ -166,18 +166,18 @@ class Excesses:
 
     def standing(self, rank: int, lo: int = 0, hi: int | None = None, trimmed: int = 0) -> Standing:
         """The rank's standing over steps[lo:hi] (the same arithmetic as `found`, for its row alone)."""
-        one = _found(self.excess[rank : rank + 1], self.base[rank : rank + 1], lo, hi, trimmed)
+        one = _found(self.excess[:, rank : rank + 1], self.base[:, rank : rank + 1], lo, hi, trimmed)
         return Standing(rank, float(one.peers_s[0]), float(one.lost_s[0]))
 
     def stalls(self, rank: int, lo: int = 0, hi: int | None = None) -> int:
         """How many of steps[lo:hi] took the rank more than twice its peers' median: stalls, not a slowdown."""
-        return int((self.excess[rank, lo:hi] > self.base[rank, lo:hi]).sum())
+        return int((self.excess[lo:hi, rank] > self.base[lo:hi, rank]).sum())
 
 
 def _found(excess: np.ndarray, base: np.ndarray, lo: int, hi: int | None, trimmed: int) -> Found:
-    hi = excess.shape[1] if hi is None else hi
-    kept = np.sort(excess[:, lo:hi], axis=1)[:, trimmed : hi - lo - trimmed]
-    return Found(base[:, lo:hi].mean(axis=1), kept.mean(axis=1))
+    hi = excess.shape[0] if hi is None else hi
+    kept = np.sort(excess[lo:hi], axis=0)[trimmed : hi - lo - trimmed] if trimmed else excess[lo:hi]
+    return Found(base[lo:hi].mean(axis=0), kept.mean(axis=0))
 
 
 def column(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +191,7 @@ def excesses(compute: Sequence[Mapping[int, float]], steps: Sequence[int]) -> Ex
     columns = [column(np.array([c[step] for c in compute], dtype=float)) for step in steps]
     world = len(compute)
     if not columns:
-        return Excesses([], np.zeros((world, 0)), np.zeros((world, 0)))
+        return Excesses([], np.zeros((0, world)), np.zeros((0, world)))
     return Excesses.of_columns(steps, [e for e, _ in columns], [b for _, b in columns])
 
 

@@ -57,7 +57,7 @@ from clusterctl.runtime.controller import straggler
 from clusterctl.runtime.controller.blame import Facts, TaskEnd, lost_node_verdict
 from clusterctl.runtime.controller.stepcolumns import StepColumns
 from clusterctl.runtime.wire import heartbeat as wire
-from clusterctl.runtime.wire.heartbeat import GONE, PROGRESS_KINDS
+from clusterctl.runtime.wire.heartbeat import GONE
 
 HANG_MULTIPLE = 5.0
 HANG_FLOOR_S = 3.0
@@ -125,57 +125,70 @@ class Watchdog:
         self._live_in: dict[str, int] = {"start": world}  # phase -> ranks in it whose process is not gone
         self._open_in: dict[str, int] = {"start": world}  # ... and whose loop has not closed
         self._ended = 0  # ranks whose process is gone or whose loop closed
+        self._digests: dict[int, wire.RankDigest] = {}  # rank -> its messages' digest, for `observe` one at a time
 
     # --- input -------------------------------------------------------------------
     def observe(self, msg: dict[str, Any], received: float) -> None:
-        """One heartbeat message ({kind, rank, step, phase, step_s, compute_s, pid, gpu})."""
+        """One heartbeat message ({kind, rank, step, phase, step_s, compute_s, pid, gpu}), as a one-message row."""
         rank = msg.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < self.world:
+            return
+        digest = self._digests.get(rank)
+        if digest is None:
+            digest = self._digests[rank] = wire.RankDigest(rank)
+        digest.take(msg)
+        row = digest.row()
+        if row is not None:
+            self.observe_row(tuple(row), received)
+
+    def observe_row(self, row: tuple[Any, ...], received: float) -> None:
+        """A batch's row for one rank (wire/heartbeat.py ROW, parse_row's): what its messages since the last
+        batch said, applied as they would be one by one, at the time the batch was received."""
+        rank, pid, gpu, phase, step, sent, moved, closed, done, changes, steps = row
+        if not 0 <= rank < self.world:
             return
         state = self.ranks[rank]
         if self.started is None:
             self.started = received
         state.last_beat = received
-        if msg.get("pid"):
-            state.pid = int(msg["pid"])
-        if msg.get("gpu") is not None:
-            state.gpu = msg["gpu"]
-        kind = msg.get("kind")  # wire/heartbeat.py: hello (pid only), alive, phase, step, closed
-        if kind == wire.CLOSED and not state.closed:
+        if pid:
+            state.pid = pid
+        if gpu is not None:
+            state.gpu = gpu
+        if moved:
+            state.sent = max(state.sent, sent)
+            state.last_progress = self.last_progress = received
+        state.steps_done += done
+        for at_step, _, _, step_s, compute_s in steps:
+            if step_s is not None:
+                state.step_times.append(float(step_s))
+            if compute_s is not None:
+                self.columns.add(rank, at_step, float(compute_s))
+        for entered, _, _ in changes:
+            self._enter(state, entered, received)
+        self._enter(state, phase, received)  # the last phase, whatever changes a full batch left out
+        state.step = step
+        if moved and phase in MEASURED_PHASES:
+            self._round.setdefault(phase, received)
+        if closed and not state.closed:
             self._tally(state, -1)
             state.closed = True
             self._tally(state, 1)
             if state.phase in self._round:  # a stop's save is the rank's last phase: its loop closing ends it
                 self._round_ended(state.phase, received)
-        step = int(msg.get("step", state.step))
-        phase = str(msg.get("phase", state.phase))
-        sent = float(msg.get("t") or 0.0)
-        if kind == wire.ALIVE and state.last_progress is not None and (phase, step) != (state.phase, state.step):
-            if sent > state.sent:  # not a beat older than the phase news already applied (batches reorder them)
-                kind = wire.PHASE  # a phase message was lost on the way (datagrams): the liveness beat carries the news
-        if kind not in PROGRESS_KINDS:
-            return
-        state.sent = max(state.sent, sent)
-        if kind == wire.STEP:
-            state.steps_done += 1
-            if msg.get("step_s") is not None:
-                state.step_times.append(float(msg["step_s"]))
-            if msg.get("compute_s") is not None:
-                self.columns.add(rank, step, float(msg["compute_s"]))
-        if kind == wire.STEP or phase != state.phase or step != state.step:
-            state.last_progress = received
-            self.last_progress = received
-        if phase != state.phase:
-            state.phase_since = received
+
+    def _enter(self, state: RankState, phase: str, received: float) -> None:
+        """The rank changed phase: the tallies, its time in the phase, and the save and load rounds."""
         left = state.phase
-        if phase != left:
-            self._tally(state, -1)
-            state.phase = phase
-            self._tally(state, 1)
-        state.step = step
+        if phase == left:
+            return
+        self._tally(state, -1)
+        state.phase = phase
+        self._tally(state, 1)
+        state.phase_since = received
         if phase in MEASURED_PHASES:
             self._round.setdefault(phase, received)
-        if left in MEASURED_PHASES and left != phase and left in self._round:
+        if left in MEASURED_PHASES and left in self._round:
             self._round_ended(left, received)
 
     def _round_ended(self, phase: str, now: float) -> None:

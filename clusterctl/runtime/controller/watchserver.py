@@ -44,8 +44,6 @@ from clusterctl.runtime.controller.watchdog import Watchdog
 from clusterctl.runtime.wire import greeting
 from clusterctl.runtime.wire import heartbeat as wire
 
-TIMELINE_KIND = {wire.PHASE: timeline.PHASE, wire.STEP: timeline.STEP}  # the wire's progress kinds, as the timeline records them
-
 CHECK_EVERY_S = 0.25
 MAX_LINE = 1 << 22  # a greeted aggregator's one-second batch, however many steps it holds
 PRE_HELLO_BYTES = 4096
@@ -55,6 +53,17 @@ UNGREETED_TOTAL = 256
 OUT_LIMIT = 1 << 16  # commands are a few bytes: a backlog this size means the peer stopped reading
 REFUSAL_SUMMARY_S = 60.0  # after a peer's first refusal is logged, its later ones are counted, one line this often
 SHOWN_CHARS = 40  # of a peer's own text (the node a stranger's hello names) in a log line
+DETAIL_RANKS = 1024  # a world this size or smaller has every rank's phases and steps in the timeline...
+DETAIL_NODES = 64  # ...a larger one those of this many nodes, spread evenly (deaths, lost nodes, verdicts: all)
+
+
+def detail_nodes(hosts: list[str], gpus_per_node: int) -> set[str]:
+    """The nodes whose ranks' phases and steps the timeline records: every node of a small world; of a large one,
+    DETAIL_NODES spread evenly from the first to the last (at 1 s steps a rank's records are 2.1 MB an hour: 100,000
+    ranks' would be 210 GB, and one process cannot write them as fast as they come)."""
+    if len(hosts) * gpus_per_node <= DETAIL_RANKS or len(hosts) <= DETAIL_NODES:
+        return set(hosts)
+    return {hosts[round(i * (len(hosts) - 1) / (DETAIL_NODES - 1))] for i in range(DETAIL_NODES)}
 
 
 def shown(value: Any) -> str:
@@ -115,6 +124,8 @@ class WatchServer:
         self.armed = False
         self.closing = False
         self._timeline = timeline.TimelineWriter(timeline_path)
+        self._detail = detail_nodes(watchdog.hosts, watchdog.gpn)
+        self._welcome = greeting.welcome_line(wire.welcome_cap(watchdog.world))
         self.refusals = RefusalLog(log)
         self._thread = threading.Thread(target=self._serve, name="clusterctl-watch", daemon=True)
 
@@ -325,7 +336,7 @@ class WatchServer:
                         self._refuse(conn, f"a second hello for node {shown(node)} from {info['peer']}", "twin")
                         return
                     info["greeted"], info["node"] = True, node
-                    info["out"] += greeting.WELCOME_LINE  # the aggregator retries until it reads this
+                    info["out"] += self._welcome  # the aggregator retries until it reads this
                     self._flush(conn, info)
                     continue
                 try:
@@ -338,16 +349,18 @@ class WatchServer:
         kind = msg.get("kind")
         node = info["node"]
         if kind == wire.BATCH:
-            for beat in msg.get("beats", []):
-                if beat.get("kind") == wire.GPU:
-                    self.watchdog.observe_gpus(node, beat.get("gpus", {}))
-                    self._timeline.write(timeline.GPU, now, node=node, gpus=beat.get("gpus", {}))
+            detail = node in self._detail
+            for raw in msg.get("ranks") or []:
+                row = wire.parse_row(raw)
+                if row is None:
                     continue
-                self.watchdog.observe(beat, now)
-                if beat.get("kind") in TIMELINE_KIND:
-                    self._timeline.write(TIMELINE_KIND[beat["kind"]], now, rank=beat.get("rank"), node=node, step=beat.get("step"),
-                                         phase=beat.get("phase"), at=beat.get("t"), step_s=beat.get("step_s"),
-                                         compute_s=beat.get("compute_s"))
+                self.watchdog.observe_row(row, now)
+                if detail:
+                    self._record(row, node, now)
+            gpus = msg.get("gpus")
+            if isinstance(gpus, dict):
+                self.watchdog.observe_gpus(node, gpus)
+                self._timeline.write(timeline.GPU, now, node=node, gpus=gpus)
             for rank, status in (msg.get("procs") or {}).items():
                 if str(rank).isdigit():
                     self.watchdog.observe_process(int(rank), status, now)
@@ -360,6 +373,23 @@ class WatchServer:
             self._timeline.flush()
         elif kind == wire.BYE:
             info["bye"] = True
+
+    def _record(self, row: tuple[Any, ...], node: str, now: float) -> None:
+        """A row's phase changes and steps as the timeline's records, in the order the rank made them."""
+        rank, changes, steps = row[0], row[9], row[10]
+        i = j = 0
+        while i < len(changes) or j < len(steps):
+            # the earlier first; at the same time, a step reported in the phase just entered comes after the change
+            if j == len(steps) or (i < len(changes) and (changes[i][2] < steps[j][2] or (
+                    changes[i][2] == steps[j][2] and changes[i][0] == steps[j][1]))):
+                phase, step, at = changes[i]
+                self._timeline.write(timeline.PHASE, now, rank=rank, node=node, step=step, phase=phase, at=at)
+                i += 1
+            else:
+                step, phase, at, step_s, compute_s = steps[j]
+                self._timeline.write(timeline.STEP, now, rank=rank, node=node, step=step, phase=phase, at=at,
+                                     step_s=step_s, compute_s=compute_s)
+                j += 1
 
     def _drop(self, conn: socket.socket, info: dict[str, Any]) -> None:
         try:

@@ -12,10 +12,10 @@ with it. It
   happens; /proc for stopped processes);
 * samples the node's GPUs through NVML every few seconds where pynvml
   imports (throttle reasons, clocks, temperature, ECC counters);
-* sends the controller one JSON line per interval over TCP — phase and step
-  messages as they came, the latest liveness beat per rank, process states
-  and GPU samples — after a `hello` that answers the controller's challenge
-  with the attempt token (runtime/wire/greeting.py), and a `gone`
+* sends the controller one JSON line per interval over TCP — a row per rank
+  that digests its messages (wire/heartbeat.RankDigest), process states and
+  the latest GPU sample — after a `hello` that answers the controller's
+  challenge with the attempt token (runtime/wire/greeting.py), and a `gone`
   line at once when a rank's process ends;
 * obeys the controller's commands: `dump` (SIGURG to every rank, on which
   faulthandler writes its stacks, and a write to each NCCL flight recorder
@@ -69,8 +69,9 @@ class Aggregator:
         self.controller = controller
         self.sock_path = sock_path
         self.attempt_dir = attempt_dir
-        self.pending: list[dict[str, Any]] = []
-        self.alive: dict[int, dict[str, Any]] = {}
+        self.digests: dict[int, wire.RankDigest] = {}  # rank -> what it said since the last batch
+        self.cap = wire.MIN_CAP  # phase changes and steps a rank's row may carry: the controller's welcome says
+        self.gpu_sample: dict[str, Any] | None = None  # taken since the last batch
         self.pids: dict[int, int] = {}  # rank -> pid
         self.pidfds: dict[int, int] = {}  # pidfd -> rank
         self.reported: dict[int, str] = {}  # rank -> process state last sent
@@ -110,6 +111,8 @@ class Aggregator:
                 welcome, self.inbox = self.line(conn, rest)
                 if welcome.get("kind") != greeting.WELCOME:
                     raise OSError("the controller did not welcome the hello")
+                if isinstance(welcome.get("cap"), int) and welcome["cap"] > 0:
+                    self.cap = welcome["cap"]
                 conn.setblocking(False)
                 return conn
             except OSError as exc:
@@ -191,16 +194,14 @@ class Aggregator:
             if msg is None:
                 continue
             rank, pid = msg["rank"], msg.get("pid") or 0
-            msg["node"] = self.node
-            msg["received"] = time.time()
             if pid and rank not in self.pids:
                 self.watch(rank, pid)
-            if msg["kind"] == wire.ALIVE:
-                self.alive[rank] = msg
-            else:
-                self.pending.append(msg)
-                if msg["kind"] == wire.CLOSED:
-                    self.send_batch()  # the rank's loop is done: its last steps go now, not at the next batch
+            digest = self.digests.get(rank)
+            if digest is None:
+                digest = self.digests[rank] = wire.RankDigest(rank, self.cap)
+            digest.take(msg)
+            if msg["kind"] == wire.CLOSED:
+                self.send_batch()  # the rank's loop is done: its last steps go now, not at the next batch
 
     def watch(self, rank: int, pid: int) -> None:
         self.pids[rank] = pid
@@ -214,7 +215,7 @@ class Aggregator:
         """The rank's process ended: what it said last goes first (the attempt may end before the next batch)."""
         rank = self.pidfds.pop(fd)
         os.close(fd)
-        if self.pending:
+        if any(d.heard for d in self.digests.values()):
             self.send_batch()
         if self.reported.get(rank) != "gone":
             self.reported[rank] = "gone"
@@ -233,12 +234,12 @@ class Aggregator:
     def sample_gpus(self) -> None:
         sample = self.gpus.sample()
         if sample:
-            self.pending.append({"kind": wire.GPU, "node": self.node, "t": time.time(), "gpus": sample})
+            self.gpu_sample = sample
 
     def send_batch(self) -> None:
-        beats = self.pending + list(self.alive.values())
-        self.pending, self.alive = [], {}
-        self.send({"kind": wire.BATCH, "node": self.node, "t": time.time(), "beats": beats, "procs": self.processes()})
+        rows = [row for row in (d.row() for d in self.digests.values()) if row is not None]
+        gpus, self.gpu_sample = self.gpu_sample, None
+        self.send(wire.batch(self.node, time.time(), rows, self.processes(), gpus))
 
     def send(self, message: dict[str, Any]) -> None:
         if self.out is None:

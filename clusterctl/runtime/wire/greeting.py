@@ -30,13 +30,18 @@ from typing import Any
 CHALLENGE = "challenge"
 HELLO = "hello"
 WELCOME = "welcome"  # the controller heard the hello: until then an aggregator is not in (a flood may crowd it out)
-WELCOME_LINE = (json.dumps({"kind": WELCOME}) + "\n").encode()
 
 
 def challenge() -> tuple[str, bytes]:
     """A new connection's nonce, and the line that carries it."""
     nonce = secrets.token_hex(16)
     return nonce, (json.dumps({"kind": CHALLENGE, "nonce": nonce}) + "\n").encode()
+
+
+def welcome_line(cap: int) -> bytes:
+    """The controller's welcome, with how many phase changes and steps of each rank a batch may carry (`cap`,
+    heartbeat.RankDigest: the controller's budget shared by the world)."""
+    return (json.dumps({"kind": WELCOME, "cap": cap}) + "\n").encode()
 
 
 def mac(token: str, nonce: str, node: str) -> str:

@@ -14,11 +14,25 @@ watchdog tells a hang's culprit from its victims.
 Aggregator to the controller, one JSON line each on the watch connection
 after the greeting (wire/greeting.py):
 
-    BATCH {node, t, beats, procs}  the ranks' messages as they came, the latest ALIVE per rank and GPU samples
-                                   ({kind: GPU, node, t, gpus}); procs maps each rank to a PROCESS_STATES entry
-                                   (GONE's name doubles as the state of a process that ended)
+    BATCH {node, t, ranks, procs, gpus?}  one row per rank heard from since the last batch (ROW, made by
+                                   RankDigest); procs maps each rank to a PROCESS_STATES entry (GONE's name
+                                   doubles as the state of a process that ended); gpus: the node's latest
+                                   GPU sample, when one was taken since
     GONE  {node, rank, pid, t}     a rank's process ended (sent at once)
     BYE   {node}                   the aggregator is done: its connection closing is not a lost node
+
+A row says in one list what the rank's messages of the interval said one by
+one: 5 messages a rank a second at 1 s steps (three phases, a step, a beat)
+were 0.9 KB of JSON each second and as many dicts for the controller, which
+cannot hold 100,000 ranks' worth in one process; a row is one list. What
+the watchdog judges is kept exactly: the last phase and step, whether the
+rank moved on, its step count, and every phase change and step up to the
+welcome's `cap` a batch (the controller's budget over the world: no cap a
+small job reaches). Past it, steps are kept every `stride`-th, a power of
+two, so that nodes at the same pace keep the same steps and the straggler
+rule still finds steps every rank reported; changes of phase past it are
+dropped but those into and out of save, load and eval, which the watchdog
+times.
 
 Controller to the aggregators: {cmd: DUMP} (every rank writes its stacks)
 or {cmd: KILL} (every rank of the node is killed).
@@ -40,11 +54,124 @@ RANK_KINDS = (HELLO, PHASE, STEP, ALIVE, CLOSED)
 PROGRESS_KINDS = (PHASE, STEP)  # what moves a rank on; HELLO and ALIVE only say it lives
 PHASES = ("start", "load", "forward", "backward", "optimizer", "collective", "save", "eval", "idle")
 
-BATCH, GONE, BYE, GPU = "batch", "gone", "bye", "gpu"
+BATCH, GONE, BYE = "batch", "gone", "bye"
 PROCESS_STATES = ("running", "sleeping", "stopped", "gone")
 DUMP, KILL = "dump", "kill"
 
 MAX_DATAGRAM = 65536
+
+ROW = ("rank", "pid", "gpu", "phase", "step", "sent", "moved", "closed", "done", "changes", "steps")
+# changes: [[phase, step, at], ...], the phase changes in order; steps: [[step, phase, at, step_s, compute_s], ...]
+TIMED_PHASES = ("save", "load", "eval")  # changes into and out of these are kept past the cap: the watchdog times them
+EVENT_BUDGET = 1 << 20  # phase changes and steps a second the controller takes from the whole world (welcome_cap)
+MIN_CAP = 8
+
+
+def welcome_cap(world: int) -> int:
+    """How many phase changes and steps of each rank a batch may carry: the budget shared by the world, at least
+    MIN_CAP (262,144 at 4 ranks, 64 at 16,384, 10 at 100,000)."""
+    return max(MIN_CAP, EVENT_BUDGET // max(1, world))
+
+
+class RankDigest:
+    """One rank's messages since the last batch, as the row the aggregator sends (and the watchdog applies).
+
+    It keeps what the watchdog needs across batches: the phase and step of
+    the rank's last progress and the send time of its latest news, for the
+    rule that a liveness beat showing another phase or step than the last
+    progress (and newer than it) carries a phase message lost on the way.
+    """
+
+    def __init__(self, rank: int, cap: int = EVENT_BUDGET) -> None:
+        self.rank = rank
+        self.cap = cap
+        self.phase, self.step, self.sent = PHASES[0], -1, 0.0
+        self.progressed = False  # any progress ever: before it, a beat's phase is no news
+        self.pid: int | None = None
+        self.gpu: int | None = None
+        self.stride = 1  # steps kept: every stride-th, once a batch would hold more than cap
+        self._clear()
+
+    def _clear(self) -> None:
+        self.heard = self.moved = self.closed = False
+        self.done = 0
+        self.changes: list[list[Any]] = []
+        self.steps: list[list[Any]] = []
+
+    def take(self, msg: dict[str, Any]) -> None:
+        """A rank message (parse_rank_message's)."""
+        self.heard = True
+        if msg.get("pid"):
+            self.pid = int(msg["pid"])
+        if msg.get("gpu") is not None:
+            self.gpu = msg["gpu"]
+        kind = msg.get("kind")
+        if kind == CLOSED:
+            self.closed = True
+        step = int(msg.get("step", self.step))
+        phase = str(msg.get("phase", self.phase))
+        sent = float(msg.get("t") or 0.0)
+        if kind == ALIVE and self.progressed and (phase, step) != (self.phase, self.step) and sent > self.sent:
+            kind = PHASE  # a phase message was lost on the way (datagrams): the liveness beat carries the news
+        if kind not in PROGRESS_KINDS:
+            return
+        self.sent = max(self.sent, sent)
+        if kind == STEP:
+            self.done += 1
+            if step % self.stride == 0 and len(self.steps) < self.cap:
+                self.steps.append([step, phase, sent, msg.get("step_s"), msg.get("compute_s")])
+        if kind == STEP or phase != self.phase or step != self.step:
+            self.moved = self.progressed = True
+        if phase != self.phase and (len(self.changes) < self.cap or phase in TIMED_PHASES or self.phase in TIMED_PHASES):
+            self.changes.append([phase, step, sent])
+        self.phase, self.step = phase, step
+
+    def row(self) -> list[Any] | None:
+        """The batch's row for this rank (ROW), or None when it said nothing since the last; starts the next."""
+        if not self.heard:
+            return None
+        row = [self.rank, self.pid, self.gpu, self.phase, self.step, self.sent, self.moved, self.closed, self.done,
+               self.changes, self.steps]
+        self.stride = 1  # the next batch keeps every stride-th step: at this one's pace, at most cap of them
+        while self.done > self.cap * self.stride:
+            self.stride *= 2
+        self._clear()
+        return row
+
+
+def batch(node: str, t: float, rows: list[list[Any]], procs: dict[str, str], gpus: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An aggregator's BATCH (module doc)."""
+    msg: dict[str, Any] = {"kind": BATCH, "node": node, "t": t, "ranks": rows, "procs": procs}
+    if gpus is not None:
+        msg["gpus"] = gpus
+    return msg
+
+
+def rows_of(messages: list[dict[str, Any]], cap: int = EVENT_BUDGET) -> list[list[Any]]:
+    """The rows of a batch that carried these rank messages, each rank's digested in order (for stand-ins and
+    tests: the aggregator keeps its digests across batches)."""
+    digests: dict[int, RankDigest] = {}
+    for msg in messages:
+        digests.setdefault(msg["rank"], RankDigest(msg["rank"], cap)).take(msg)
+    return [row for row in (d.row() for d in digests.values()) if row is not None]
+
+
+def parse_row(row: Any) -> tuple[Any, ...] | None:
+    """A batch row as the watch server applies it, or None for one that is not a row (a greeted aggregator's
+    bug, never a crash)."""
+    if not isinstance(row, list) or len(row) != len(ROW):
+        return None
+    rank, pid, gpu, phase, step, sent, moved, closed, done, changes, steps = row
+    if not (isinstance(rank, int) and rank >= 0 and isinstance(step, int) and isinstance(done, int)
+            and phase in PHASES and _number(sent) and isinstance(changes, list) and isinstance(steps, list)):
+        return None
+    if not all(isinstance(c, list) and len(c) == 3 and c[0] in PHASES and isinstance(c[1], int) for c in changes):
+        return None
+    if not all(isinstance(s, list) and len(s) == 5 and isinstance(s[0], int) and s[1] in PHASES
+               and all(v is None or _number(v) for v in s[3:]) for s in steps):
+        return None
+    return rank, pid if isinstance(pid, int) else None, gpu, phase, step, float(sent), bool(moved), bool(closed), \
+        done, changes, steps
 
 
 def socket_path(directory: str, token: str, node: str) -> str:
