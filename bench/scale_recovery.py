@@ -24,11 +24,13 @@ carry the state, the same bytes at any world size.
 
 The watch path: the real controller, registrations preloaded as
 controller_scale.py does, one stand-in aggregator per node on the real wire
-(the greeting, then a batch a second: per rank three phase changes, a 1 s
-step's report and a liveness beat), 20 s of that, then a hang (one rank
-stopped and silent, every other waiting in its collective): the verdict's
-time past the hang timeout, whether its culprit is exact, the controller's
-cores over the traffic, the timeline's bytes a rank-hour.
+(the greeting, then a batch a second with a row per rank as RankDigest
+makes it: a 1 s step's report and, on the nodes the controller asks for
+detail, three phase changes), 45 s of that (the straggler rule judges from
+step 40), 20 s more over which the controller's cores are measured, then a
+hang (one rank stopped and silent, every other waiting in its collective):
+the verdict's time past the hang timeout, whether its culprit is exact,
+the timeline's bytes a rank-hour.
 
 Stand-ins, not torch processes: 1,024 processes do not fit 2 cores.
 Re-registration and the ETTR projection are not measured yet: their keys
@@ -72,7 +74,8 @@ PREFIX = "clusterctl/snapshots/bench/1.0.0/"
 RELEASE = "bench/release"
 STEPS = (98, 99)  # KEEP snapshots per rank
 NOT_MEASURED = ("reregister_s_16k", "reregister_s_100k", "ettr_projected_16k", "ettr_projected_100k")
-STEADY_S = 20.0  # seconds of full traffic before the hang (the controller's CPU is measured over them)
+WARM_S = 45.0  # seconds of traffic (1 s steps) before the controller's CPU is measured: the straggler rule judges from step 40
+STEADY_S = 20.0  # seconds of full traffic after that, before the hang (the controller's CPU is measured over them)
 PHASES_PER_STEP = ("forward", "backward", "optimizer")  # each a phase message, then the step's report
 
 
@@ -217,29 +220,29 @@ def one_size(world: int) -> dict[str, Any]:
 
 
 # --- the watch path: stand-in aggregators on the real wire, the real controller ------------------------------
-def node_batch(node: str, first_rank: int, step: int, now: float, hung: bool, culprit: int | None) -> bytes:
-    """One second of a node's aggregator: per rank three phase changes, a 1 s step's report and a liveness beat.
+def node_batch(node: str, first_rank: int, step: int, now: float, hung: bool, culprit: int | None, detail: bool,
+               first: bool, hang_begins: bool) -> bytes:
+    """One second of a node's aggregator, as RankDigest would make it: a row per rank, its 1 s step's report and,
+    where the controller asked for detail, its three phase changes (the pid and GPU in a node's first batch only).
 
     Hung: the culprit says nothing at all (a SIGSTOPped process), every other rank waits in the collective
-    (one phase change into it, then liveness beats only), as a real hang looks from the aggregator.
+    (its liveness beats only, after the change into it), as a real hang looks from the aggregator.
     """
     from clusterctl.runtime.wire import heartbeat as wire
 
-    beats, procs = [], {}
+    rows, procs = [], {}
     for r in range(first_rank, first_rank + GPN):
         procs[str(r)] = "stopped" if hung and r == culprit else "running"
         if hung and r == culprit:
             continue
-        if hung:
-            beats.append(wire.rank_message(wire.ALIVE, r, 1, step, "collective", None, None, now, 10000 + r, r % GPN))
+        pid, gpu = (10000 + r, r % GPN) if first else (None, None)
+        if hung:  # into the collective in the hang's first second (a change of phase), then beats only
+            changes = [["collective", step, now]] if hang_begins and detail else []
+            rows.append([r, pid, gpu, "collective", step, now, hang_begins, False, 0, changes, []])
             continue
-        for phase in PHASES_PER_STEP:
-            beats.append(wire.rank_message(wire.PHASE, r, 1, step, phase, None, None, now, 10000 + r, r % GPN))
-        beats.append(wire.rank_message(wire.STEP, r, 1, step, "optimizer", 1.0, 0.9, now, 10000 + r, r % GPN))
-        beats.append(wire.rank_message(wire.ALIVE, r, 1, step, "optimizer", None, None, now, 10000 + r, r % GPN))
-    for beat in beats:
-        beat["node"], beat["received"] = node, now
-    return (json.dumps({"kind": wire.BATCH, "node": node, "t": now, "beats": beats, "procs": procs}) + "\n").encode()
+        changes = [[phase, step, now] for phase in PHASES_PER_STEP] if detail else []
+        rows.append([r, pid, gpu, "optimizer", step, now, True, False, 1, changes, [[step, "optimizer", now, 1.0, 0.9]]])
+    return (json.dumps(wire.batch(node, now, rows, procs)) + "\n").encode()
 
 
 def watch_worker(port: int, world: int, first_node: int, last_node: int, start_at: float, hang_at: float,
@@ -253,6 +256,7 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
 
     raise_nofile()
     conns: dict[int, socket.socket] = {}
+    detailed: dict[int, bool] = {}  # node -> the controller asked for every phase change (the welcome)
     for i in range(first_node, last_node):
         node = f"node{i:05d}"
         conn = socket.create_connection(("127.0.0.1", port), timeout=60)
@@ -264,6 +268,7 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
         data = data.split(b"\n", 1)[1]
         while b"\n" not in data:
             data += conn.recv(4096)
+        detailed[i] = json.loads(data.split(b"\n")[0]).get("detail") is not False
         conns[i] = conn
     print(json.dumps({"connected": len(conns)}), flush=True)
     selector = selectors.DefaultSelector()
@@ -273,6 +278,7 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
     lags: list[float] = []
     killed: set[int] = set()
     tick = last_step = 0
+    hang_tick: int | None = None
     while time.time() < hang_at + 60 and len(killed) < len(conns):
         due = start_at + tick
         while (left := due - time.time()) > 0:  # the controller's commands (dump, kill) are read as they come
@@ -298,13 +304,16 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
             hung = now >= hang_at
             if not hung:
                 last_step = tick  # a hang holds every rank at the step it began in
-            line = node_batch(f"node{i:05d}", i * GPN, last_step, now, hung, culprit)
+            begins = hung and hang_tick in (None, tick)
+            line = node_batch(f"node{i:05d}", i * GPN, last_step, now, hung, culprit, detailed[i], tick == 0, begins)
             conn.setblocking(True)
             try:
                 conn.sendall(line)
             except OSError:
                 killed.add(i)
             conn.setblocking(False)
+        if now >= hang_at and hang_tick is None:
+            hang_tick = tick
         tick += 1
     print(json.dumps({"lag_p99_s": sorted(lags)[int(0.99 * (len(lags) - 1))] if lags else None,
                       "lag_max_s": max(lags, default=None), "killed": len(killed)}), flush=True)
@@ -333,16 +342,16 @@ def watch_size(root: Path, world: int) -> dict[str, Any]:
     culprit = (nodes // 2) * GPN + 3
     per = -(-nodes // WORKERS)
     start_at = time.time() + 5 + nodes / 2000  # the connections first
-    hang_at = start_at + STEADY_S
+    hang_at = start_at + WARM_S + STEADY_S
     procs = [subprocess.Popen([sys.executable, __file__, "--watch-worker", str(watch_port), str(world), str(i * per),
                                str(min(nodes, (i + 1) * per)), repr(start_at), repr(hang_at), str(culprit)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT) for i in range(WORKERS)]
     for p in procs:
         json.loads(p.stdout.readline())
-    print(f"  {world}: connected; {STEADY_S:g} s of traffic, then a hang", file=sys.stderr, flush=True)
+    print(f"  {world}: connected; {WARM_S + STEADY_S:g} s of traffic, then a hang", file=sys.stderr, flush=True)
     if time.time() > start_at:
         print(f"  {world}: the aggregators connected {time.time() - start_at:.1f} s late", file=sys.stderr)
-    time.sleep(max(0.0, start_at + 5 - time.time()))  # the watchdog past its warm-up
+    time.sleep(max(0.0, start_at + WARM_S - time.time()))  # the watchdog past its warm-up, the straggler rule judging
     cpu0, wall0 = cpu_seconds(ctl.proc.pid), time.time()
     time.sleep(max(0.0, hang_at - time.time()))
     cores = (cpu_seconds(ctl.proc.pid) - cpu0) / (time.time() - wall0)
@@ -367,7 +376,9 @@ def watch_size(root: Path, world: int) -> dict[str, Any]:
         blamed = [c.get("rank") for c in record.get("culprits", [])]
         row.update(ok=blamed == [culprit], verdict_s=round(when - (hang_at + timeout), 3), hang_timeout_s=timeout,
                    culprits=blamed[:3], verdict_mb=round(verdict_file.stat().st_size / 1e6, 2))
-    row["timeline_mb_per_rank_hour"] = round(timeline_mb / world / ((hang_at - start_at) / 3600), 3)
+    hours = (hang_at - start_at) / 3600
+    row["timeline_mb_per_rank_hour"] = round(timeline_mb / world / hours, 4)  # the file's growth over the world's ranks
+    row["timeline_mb_per_hour"] = round(timeline_mb / hours)
     if row["ok"]:
         shutil.rmtree(attempt.parent, ignore_errors=True)
     else:
@@ -398,7 +409,7 @@ def main() -> None:
     args = parser.parse_args()
     raise_nofile(70000)
     rows = {}
-    for world in (int(x) for x in args.sizes.split(",")):
+    for world in (int(x) for x in args.sizes.split(",") if x):
         rows[world] = one_size(world)
         print(json.dumps(rows[world]), flush=True)
     watched: dict[int, dict[str, Any]] = {}

@@ -57,12 +57,12 @@ DETAIL_RANKS = 1024  # a world this size or smaller has every rank's phases and 
 DETAIL_NODES = 64  # ...a larger one those of this many nodes, spread evenly (deaths, lost nodes, verdicts: all)
 
 
-def detail_nodes(hosts: list[str], gpus_per_node: int) -> set[str]:
+def detail_nodes(hosts: list[str], gpus_per_node: int) -> set[str] | None:
     """The nodes whose ranks' phases and steps the timeline records: every node of a small world; of a large one,
     DETAIL_NODES spread evenly from the first to the last (at 1 s steps a rank's records are 2.1 MB an hour: 100,000
-    ranks' would be 210 GB, and one process cannot write them as fast as they come)."""
+    ranks' would be 210 GB, and one process cannot write them as fast as they come). None: every node."""
     if len(hosts) * gpus_per_node <= DETAIL_RANKS or len(hosts) <= DETAIL_NODES:
-        return set(hosts)
+        return None
     return {hosts[round(i * (len(hosts) - 1) / (DETAIL_NODES - 1))] for i in range(DETAIL_NODES)}
 
 
@@ -124,8 +124,8 @@ class WatchServer:
         self.armed = False
         self.closing = False
         self._timeline = timeline.TimelineWriter(timeline_path)
-        self._detail = detail_nodes(watchdog.hosts, watchdog.gpn)
-        self._welcome = greeting.welcome_line(wire.welcome_cap(watchdog.world))
+        self._detail = detail_nodes(watchdog.hosts, watchdog.gpn)  # None: every node
+        self._cap = wire.welcome_cap(watchdog.world)
         self.refusals = RefusalLog(log)
         self._thread = threading.Thread(target=self._serve, name="clusterctl-watch", daemon=True)
 
@@ -336,7 +336,7 @@ class WatchServer:
                         self._refuse(conn, f"a second hello for node {shown(node)} from {info['peer']}", "twin")
                         return
                     info["greeted"], info["node"] = True, node
-                    info["out"] += self._welcome  # the aggregator retries until it reads this
+                    info["out"] += greeting.welcome_line(self._cap, self._in_detail(node))  # it retries until it reads this
                     self._flush(conn, info)
                     continue
                 try:
@@ -349,7 +349,7 @@ class WatchServer:
         kind = msg.get("kind")
         node = info["node"]
         if kind == wire.BATCH:
-            detail = node in self._detail
+            detail = self._in_detail(node)
             for raw in msg.get("ranks") or []:
                 row = wire.parse_row(raw)
                 if row is None:
@@ -373,6 +373,9 @@ class WatchServer:
             self._timeline.flush()
         elif kind == wire.BYE:
             info["bye"] = True
+
+    def _in_detail(self, node: Any) -> bool:
+        return self._detail is None or node in self._detail
 
     def _record(self, row: tuple[Any, ...], node: str, now: float) -> None:
         """A row's phase changes and steps as the timeline's records, in the order the rank made them."""

@@ -70,7 +70,7 @@ class Aggregator:
         self.sock_path = sock_path
         self.attempt_dir = attempt_dir
         self.digests: dict[int, wire.RankDigest] = {}  # rank -> what it said since the last batch
-        self.cap = wire.MIN_CAP  # phase changes and steps a rank's row may carry: the controller's welcome says
+        self.cap, self.detail = wire.MIN_CAP, True  # what a rank's row may carry: the controller's welcome says
         self.gpu_sample: dict[str, Any] | None = None  # taken since the last batch
         self.pids: dict[int, int] = {}  # rank -> pid
         self.pidfds: dict[int, int] = {}  # pidfd -> rank
@@ -113,6 +113,7 @@ class Aggregator:
                     raise OSError("the controller did not welcome the hello")
                 if isinstance(welcome.get("cap"), int) and welcome["cap"] > 0:
                     self.cap = welcome["cap"]
+                self.detail = welcome.get("detail") is not False
                 conn.setblocking(False)
                 return conn
             except OSError as exc:
@@ -198,7 +199,7 @@ class Aggregator:
                 self.watch(rank, pid)
             digest = self.digests.get(rank)
             if digest is None:
-                digest = self.digests[rank] = wire.RankDigest(rank, self.cap)
+                digest = self.digests[rank] = wire.RankDigest(rank, self.cap, self.detail)
             digest.take(msg)
             if msg["kind"] == wire.CLOSED:
                 self.send_batch()  # the rank's loop is done: its last steps go now, not at the next batch

@@ -38,10 +38,11 @@ def challenge() -> tuple[str, bytes]:
     return nonce, (json.dumps({"kind": CHALLENGE, "nonce": nonce}) + "\n").encode()
 
 
-def welcome_line(cap: int) -> bytes:
-    """The controller's welcome, with how many phase changes and steps of each rank a batch may carry (`cap`,
-    heartbeat.RankDigest: the controller's budget shared by the world)."""
-    return (json.dumps({"kind": WELCOME, "cap": cap}) + "\n").encode()
+def welcome_line(cap: int, detail: bool) -> bytes:
+    """The controller's welcome, with how many phase changes and steps of each rank a batch may carry (`cap`: the
+    controller's budget shared by the world) and whether every phase change is wanted (`detail`), for
+    heartbeat.RankDigest."""
+    return (json.dumps({"kind": WELCOME, "cap": cap, "detail": detail}) + "\n").encode()
 
 
 def mac(token: str, nonce: str, node: str) -> str:

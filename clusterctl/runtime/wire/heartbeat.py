@@ -82,9 +82,13 @@ class RankDigest:
     progress (and newer than it) carries a phase message lost on the way.
     """
 
-    def __init__(self, rank: int, cap: int = EVENT_BUDGET) -> None:
+    def __init__(self, rank: int, cap: int = EVENT_BUDGET, detail: bool = True) -> None:
+        """`detail`: every phase change (up to cap); else only those into and out of TIMED_PHASES (the timeline
+        records this node's ranks in detail or not at all: watchserver.detail_nodes)."""
         self.rank = rank
         self.cap = cap
+        self.detail = detail
+        self._said: tuple[int | None, int | None] = (None, None)  # the pid and GPU the last row carried
         self.phase, self.step, self.sent = PHASES[0], -1, 0.0
         self.progressed = False  # any progress ever: before it, a beat's phase is no news
         self.pid: int | None = None
@@ -122,7 +126,8 @@ class RankDigest:
                 self.steps.append([step, phase, sent, msg.get("step_s"), msg.get("compute_s")])
         if kind == STEP or phase != self.phase or step != self.step:
             self.moved = self.progressed = True
-        if phase != self.phase and (len(self.changes) < self.cap or phase in TIMED_PHASES or self.phase in TIMED_PHASES):
+        if phase != self.phase and ((self.detail and len(self.changes) < self.cap)
+                                    or phase in TIMED_PHASES or self.phase in TIMED_PHASES):
             self.changes.append([phase, step, sent])
         self.phase, self.step = phase, step
 
@@ -130,8 +135,10 @@ class RankDigest:
         """The batch's row for this rank (ROW), or None when it said nothing since the last; starts the next."""
         if not self.heard:
             return None
-        row = [self.rank, self.pid, self.gpu, self.phase, self.step, self.sent, self.moved, self.closed, self.done,
-               self.changes, self.steps]
+        same = (self.pid, self.gpu) == self._said  # said once, then only when they change
+        self._said = (self.pid, self.gpu)
+        row = [self.rank, None if same else self.pid, None if same else self.gpu, self.phase, self.step, self.sent,
+               self.moved, self.closed, self.done, self.changes, self.steps]
         self.stride = 1  # the next batch keeps every stride-th step: at this one's pace, at most cap of them
         while self.done > self.cap * self.stride:
             self.stride *= 2
