@@ -171,3 +171,28 @@ def test_a_large_world_records_a_sample_of_nodes_and_watches_every_rank(tmp_path
     progress = {r["node"] for r in records if r["kind"] in (timeline.PHASE, timeline.STEP)}
     assert progress == {loud}
     assert {r["node"] for r in records if r["kind"] == timeline.GONE} == {quiet, loud}  # deaths: whole
+
+
+def test_a_hang_in_a_large_world_names_its_culprit_and_a_few_victims_and_counts_the_rest() -> None:
+    world, gpn = 4096, 8
+    hosts = [f"node{i:03d}" for i in range(world // gpn)]
+    wd = Watchdog(world, hosts, gpn, Settings(window=5))
+    t = 100.0
+    for step in range(8):
+        for r in range(world):
+            wd.observe_row((r, 100 + r, r % gpn, "collective", step, t, True, False, 1, [],
+                            [[step, "collective", t, 0.5, 0.4]]), t)
+        t += 0.5
+    culprit = 1234
+    wd.observe_process(culprit, "stopped", t)
+    for r in range(world):
+        if r != culprit:
+            wd.observe_row((r, None, None, "collective", 8, t + 1, True, False, 0, [], []), t + 1)
+    verdict = wd.verdict(t + 10)
+    assert verdict is not None and verdict.code == ExitCode.HANG
+    assert [c["rank"] for c in verdict.culprits] == [culprit]
+    named = [v["rank"] for v in verdict.victims]
+    assert len(named) <= 32 and set(range(1232, 1240)) - {culprit} <= set(named)  # its node's other ranks first
+    assert verdict.evidence["victims"]["count"] == world - 1
+    assert sum(verdict.evidence["victims"]["doing"].values()) == world - 1
+    assert len(json.dumps(verdict.as_dict())) < 20_000  # every victim named made 4.9 MB at 16,384 ranks

@@ -37,7 +37,8 @@ class Response:
         """Record the finding; on a hang, collect the survivors' stacks first; then stop every rank."""
         self.keeper.give(finding)
         if finding.code == ExitCode.HANG:
-            self.server.send_all("dump")
+            hosts = {str(v.get("host") or "") for v in finding.culprits + finding.victims}  # a large world's few
+            self.server.send_all("dump", hosts if all(hosts) else None)  # the named ranks' nodes write their stacks
             waiting = [v["rank"] for v in finding.victims]
             deadline = time.monotonic() + DUMP_WAIT_S
             while time.monotonic() < deadline and not all(self._stack_written(r) for r in waiting):

@@ -44,9 +44,9 @@ Rules (docs/design/watchdog.md says the same):
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -70,7 +70,7 @@ MEASURED_PHASES = ("save", "load")
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 WAITING_PHASES = ("collective",)
 TIMEOUT_SAMPLE = 1024  # ranks whose step times set the hang timeout (evenly spread): every one of a smaller world
-EVIDENCE_RANKS = 32  # ranks a straggler verdict's evidence lists by name: its culprit and those that lost the most
+EVIDENCE_RANKS = 32  # ranks a verdict names besides its culprits (and a straggler's evidence, with their losses)
 
 
 def straggler_warmup(window: int) -> int:
@@ -353,13 +353,13 @@ class Watchdog:
         """A stopped process, or one whose liveness beat stopped, is its node's evidence; a live rank outside the
         collective or behind its peers is ambiguous (the script's data, a deadlock of its own, or the node): the
         restart policy waits to see whether it follows the rank or the node (runtime/recovery/policy.py)."""
-        blamed = {c.rank for c in culprits}
-        victims = [r for r in self.ranks if r.rank not in blamed]
+        victims, summary = self._victims(culprits, lambda r: f"waiting in {r.phase} at step {r.step}")
         evidence = {
             "hang_timeout_s": round(timeout, 3),
             "timeout_rule": why,
             "no_progress_s": round(stalled, 3),
-            "ranks": {str(r.rank): self._rank_facts(r, now) for r in self.ranks},
+            "ranks": {str(r.rank): self._rank_facts(r, now) for r in sorted(culprits + victims, key=lambda r: r.rank)},
+            **summary,
         }
         self._add_gpu_evidence(evidence, culprits)
         if culprits and not stopped:
@@ -497,17 +497,38 @@ class Watchdog:
             "step": culprit.step,
         }
         self._add_gpu_evidence(evidence, [culprit])
+        victims, summary = self._victims([culprit], lambda r: "slowed by the straggler")
+        evidence.update(summary)
         return Verdict(
             False,
             int(ExitCode.STRAGGLER),
             f"straggler: rank {worst.rank} on {culprit.node}: {why}",
             [self._entry(culprit, why, "slow")],
             evidence,
-            [self._entry(r, "slowed by the straggler") for r in self.ranks if r.rank != worst.rank],
+            [self._entry(r, "slowed by the straggler") for r in victims],
             fault=FAULT_NODE,
         )
 
     # --- helpers ---------------------------------------------------------------------
+    def _victims(self, culprits: list[RankState], said: Callable[[RankState], str]
+                 ) -> tuple[list[RankState], dict[str, Any]]:
+        """The victims a verdict names: every one in a world of up to EVIDENCE_RANKS more than the culprits; in a
+        larger one, those on the culprits' nodes and then ranks spread evenly, EVIDENCE_RANKS in all, and the
+        evidence's `victims`: how many there are and what they were doing (`said`), most common first. 100,000
+        named victims made verdict.json 30 MB, written while every rank waited for it, and a stack file each."""
+        blamed = {c.rank for c in culprits}
+        if self.world - len(blamed) <= EVIDENCE_RANKS:
+            return [r for r in self.ranks if r.rank not in blamed], {}
+        nodes = {c.node for c in culprits}
+        near = [r for r in self.ranks if r.node in nodes and r.rank not in blamed]
+        spread = self.ranks[:: max(1, self.world // EVIDENCE_RANKS)]
+        shown = list({r.rank: r for r in near + spread if r.rank not in blamed}.values())[:EVIDENCE_RANKS]
+        states = Counter(said(r) for r in self.ranks if r.rank not in blamed)
+        return sorted(shown, key=lambda r: r.rank), {"victims": {
+            "count": sum(states.values()), "named": len(shown),
+            "doing": dict(states.most_common(8)),
+        }}
+
     def _entry(self, r: RankState, reason: str, evidence: str = "") -> dict[str, Any]:
         entry: dict[str, Any] = {"rank": r.rank, "host": r.node, "gpu": r.gpu, "reason": reason}
         if evidence:

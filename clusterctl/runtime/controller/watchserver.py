@@ -144,13 +144,13 @@ class WatchServer:
             self.armed = True
 
     # --- commands to the nodes ---------------------------------------------------
-    def send_all(self, command: str) -> int:
-        """Send a command to every connected aggregator; how many got it."""
+    def send_all(self, command: str, nodes: set[str] | None = None) -> int:
+        """Send a command to every connected aggregator (of `nodes`, when given); how many got it."""
         data = wire.command_line(command)
         sent = 0
         with self.lock:
             for conn, info in list(self.conns.items()):
-                if info.get("greeted"):
+                if info.get("greeted") and (nodes is None or info.get("node") in nodes):
                     info["out"] += data
                     sent += self._flush(conn, info)
         return sent
