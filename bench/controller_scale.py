@@ -214,8 +214,10 @@ def preload(store: Any, world: int, hosts: list[str], run_dir: str) -> float:
     return time.time()
 
 
-def worker(port: int, world: int, first: int, last: int, run_dir: str) -> None:
-    """Emulated ranks first..last-1, a thread each; prints their last arrival and verdict times."""
+def worker(port: int, world: int, first: int, last: int, run_dir: str, gated: bool = False) -> None:
+    """Emulated ranks first..last-1, a thread each; prints their last arrival and verdict times. `gated`: the
+    threads start, print that they are ready, and wait for a line on stdin before any connects (a restart's ranks,
+    forked before the store is up, all reach it at once)."""
     from clusterctl.runtime.rank import rendezvous
     from clusterctl.runtime.rank.rankinfo import RankInfo
 
@@ -225,8 +227,12 @@ def worker(port: int, world: int, first: int, last: int, run_dir: str) -> None:
     arrived: list[float] = []
     told: list[float] = []
     failed: list[str] = []
+    go = threading.Event()
+    if not gated:
+        go.set()
 
     def rank(r: int) -> None:
+        go.wait()
         try:
             env = {"CLUSTERCTL_RUN_DIR": run_dir, "CLUSTERCTL_ATTEMPT_DIR": f"{run_dir}/attempt-1", "RANK": str(r),
                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -243,10 +249,14 @@ def worker(port: int, world: int, first: int, last: int, run_dir: str) -> None:
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(first, last)]
     for t in threads:
         t.start()
+    if gated:
+        print(json.dumps({"ready": len(threads)}), flush=True)
+        sys.stdin.readline()
+        go.set()
     for t in threads:
         t.join()
     print(json.dumps({"last_arrival": max(arrived, default=0), "first_told": min(told, default=0),
-                      "failed": len(failed), "first_failure": failed[:1]}), flush=True)
+                      "last_told": max(told, default=0), "failed": len(failed), "first_failure": failed[:1]}), flush=True)
 
 
 def one_size(root: Path, world: int, live: bool) -> dict[str, Any]:
@@ -313,7 +323,7 @@ def sizes(text: str) -> list[int]:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         port, world, first, last = (int(x) for x in sys.argv[2:6])
-        worker(port, world, first, last, sys.argv[6])
+        worker(port, world, first, last, sys.argv[6], gated="--gated" in sys.argv)
         return
     in_namespace()
     parser = argparse.ArgumentParser()

@@ -33,14 +33,19 @@ the verdict's time past the hang timeout, whether its culprit is exact,
 the timeline's bytes a rank-hour.
 
 Stand-ins, not torch processes: 1,024 processes do not fit 2 cores.
-Re-registration and the ETTR projection are not measured yet: their keys
-print null. --quick: restore and watch at 1,024 and 16,384 ranks.
+The next attempt's start (`reregister`): every rank registering at once,
+live at 16,384 and the controller's part of it at 100,000. The ETTR
+projection (`ettr`) adds a hang's timeout and verdict, the warm restart
+measured at 4 ranks, the re-registration and the restore agreement at the
+size (at 100,000 the agreement is 16,384's scaled by the nodes: rank 0
+reads each node's inventory), and a step of work, at the published failure
+rates. --quick: restore, watch and re-registration at 1,024 and 16,384 ranks.
 
 Last line: {"restore_agree_s_1k", "restore_agree_s_16k", "restore_bytes_per_rank_1k",
 "restore_bytes_per_rank_16k", "restore_bytes_ratio_16k_1k", "restore_leader_bytes_16k",
 "allgather_bytes_per_rank_16k", "verdict_s_16k", "verdict_s_100k", "watch_cpu_16k", "watch_cpu_100k",
 "reregister_s_16k", "reregister_s_100k", "timeline_mb_per_rank_hour", "ettr_projected_16k",
-"ettr_projected_100k", "simulated"}.
+"ettr_projected_100k", "failure_cost_s_16k", "failure_cost_s_100k", "all_ok", "simulated"}.
 """
 
 from __future__ import annotations
@@ -73,7 +78,23 @@ TOKEN = "bench-token-" + "0" * 20
 PREFIX = "clusterctl/snapshots/bench/1.0.0/"
 RELEASE = "bench/release"
 STEPS = (98, 99)  # KEEP snapshots per rank
-NOT_MEASURED = ("reregister_s_16k", "reregister_s_100k", "ettr_projected_16k", "ettr_projected_100k")
+# The projection's rates and the costs measured elsewhere (bench/README.md cites each):
+FAILURES_PER_HOUR = {16384: 419 / (54 * 24), 100000: 60 / 18}  # Llama 3: 419 in 54 days on 16,384 GPUs; ~18 min at 100k
+STEP_S = 1.0  # the stand-ins' step: the hang timeout is 5 of them, and one step is the work a failure costs
+HANG_TIMEOUT_S = 5.0  # watchdog: 5 x the median step time (at least 3 s)
+WARM_RESTART_S = 1.8  # bench/recovery.py, lab_warm_resume_s 1.77-1.89 s: the verdict to the first resumed step, 4 ranks
+
+
+def ettr(world: int, verdict_s: float | None, storm_s: float | None, agree_s: float | None) -> dict[str, Any] | None:
+    """Effective training time ratio from the measured costs and the published failure rate: 1 - (the time a failure
+    costs) x (failures an hour) / 3600, every failure taken as the slowest to find (a hang: its timeout, then the
+    verdict) and the warm restart's small-world cost plus the parts that grow with the world (every rank
+    registering again, the restore agreement), and one step of work."""
+    if verdict_s is None or storm_s is None or agree_s is None:
+        return None
+    cost = HANG_TIMEOUT_S + verdict_s + WARM_RESTART_S + storm_s + agree_s + STEP_S
+    return {"failure_cost_s": round(cost, 2), "failures_per_hour": round(FAILURES_PER_HOUR[world], 3),
+            "ettr": round(1 - cost * FAILURES_PER_HOUR[world] / 3600, 4)}
 WARM_S = 45.0  # seconds of traffic (1 s steps) before the controller's CPU is measured: the straggler rule judges from step 40
 STEADY_S = 20.0  # seconds of full traffic after that, before the hang (the controller's CPU is measured over them)
 PHASES_PER_STEP = ("forward", "backward", "optimizer")  # each a phase message, then the step's report
@@ -319,6 +340,54 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
                       "lag_max_s": max(lags, default=None), "killed": len(killed)}), flush=True)
 
 
+# --- the next attempt's start: its controller up, then every rank registering at once ---------------------------
+LIVE_MAX = 16384  # ranks as threads with a store client each, as far as this machine's threads and files go
+
+
+def reregister(root: Path, world: int) -> dict[str, Any]:
+    """From the release of every rank at once (forked warm, they wait for the store) to the last one holding the
+    rendezvous' verdict (`storm_s`, the key reregister_s): connect, register, the arrival count, the verdict, as
+    controller_scale.py's live ranks do. Past LIVE_MAX the registrations are preloaded and `storm_s` is the
+    controller's own part, from the last arrival. Also a cold controller's spawn to its store answering (a warm
+    restart forks it: 0.3 s on the lab, bench/README.md)."""
+    from controller_scale import watch_verdict
+
+    attempt, hosts = make_run(root, world)
+    spawned = time.time()
+    ctl = Controller(attempt, preloaded=world > LIVE_MAX)
+    store = ctl.wait_store()
+    store_up = time.time()
+    failed = 0
+    if world <= LIVE_MAX:
+        per = -(-world // WORKERS)
+        procs = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "controller_scale.py"), "--worker", str(ctl.port),
+                                   str(world), str(i * per), str(min(world, (i + 1) * per)), str(attempt.parent),
+                                   "--gated"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                 for i in range(WORKERS)]
+        for p in procs:
+            json.loads(p.stdout.readline())  # every thread started, none connected
+        released = time.time()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        reports = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        storm = max(r["last_told"] for r in reports) - released
+        failed = sum(r["failed"] for r in reports)
+        mode = "live"
+    else:
+        seen: dict[str, float] = {}
+        waiter = watch_verdict(ctl.wait_store(), seen)
+        last = preload(store, world, hosts, str(attempt.parent))
+        waiter.join(600)
+        storm = seen["verdict"] - last
+        mode = "preloaded: the controller's part"
+    usage = ctl.stop()
+    ok = bool(json.loads((attempt / "verdict.json").read_text()).get("ok")) and not failed
+    shutil.rmtree(attempt.parent, ignore_errors=True)
+    return {"ranks": world, "mode": mode, "ok": ok, "cold_controller_start_s": round(store_up - spawned, 3),
+            "storm_s": round(storm, 3), "controller_cpu_s": round(usage["cpu_s"], 2)}
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -405,6 +474,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the watch path at 1,024 and 16,384 ranks only")
     parser.add_argument("--sizes", default="1024,16384", help="the restore agreement's sizes")
     parser.add_argument("--watch", default="1024,16384,100000", help="the watch path's sizes")
+    parser.add_argument("--reregister", default="16384,100000", help="the next attempt's start's sizes")
     parser.add_argument("--no-namespace", action="store_true", help="leave name resolution alone")
     args = parser.parse_args()
     raise_nofile(70000)
@@ -414,7 +484,11 @@ def main() -> None:
         print(json.dumps(rows[world]), flush=True)
     watched: dict[int, dict[str, Any]] = {}
     root = Path(tempfile.mkdtemp(prefix="scalewatch-"))
-    for world in (int(x) for x in ([] if args.quick else args.watch.split(",")) or [1024, 16384]):
+    starts: dict[int, dict[str, Any]] = {}
+    for world in (int(x) for x in ("1024,16384" if args.quick else args.reregister).split(",") if x):
+        starts[world] = reregister(root, world)
+        print(json.dumps(starts[world]), flush=True)
+    for world in [1024, 16384] if args.quick else [int(x) for x in args.watch.split(",") if x]:
         watched[world] = watch_size(root, world)
         print(json.dumps(watched[world]), flush=True)
     shutil.rmtree(root, ignore_errors=True)
@@ -432,9 +506,17 @@ def main() -> None:
         "verdict_s_16k": w16 and w16["verdict_s"], "verdict_s_100k": w100 and w100["verdict_s"],
         "watch_cpu_16k": w16 and w16["watch_cpu"], "watch_cpu_100k": w100 and w100["watch_cpu"],
         "timeline_mb_per_rank_hour": w16 and w16["timeline_mb_per_rank_hour"],
-        "all_ok": all(row["ok"] for row in [*rows.values(), *watched.values()]),
+        "reregister_s_16k": starts.get(16384, {}).get("storm_s"),
+        "reregister_s_100k": starts.get(100000, {}).get("storm_s"),
+        "all_ok": all(row["ok"] for row in [*rows.values(), *watched.values(), *starts.values()]),
     }
-    last.update(dict.fromkeys(NOT_MEASURED))
+    agree_16k = large and large["restore_agree_s"]
+    nodes = {16384: 16384 // GPN, 100000: 100000 // GPN}
+    for world, key in ((16384, "16k"), (100000, "100k")):
+        agree = agree_16k and agree_16k * nodes[world] / nodes[16384]  # rank 0 reads every node's inventory: linear
+        projected = ettr(world, last[f"verdict_s_{key}"], last[f"reregister_s_{key}"], agree)
+        last[f"ettr_projected_{key}"] = projected and projected["ettr"]
+        last[f"failure_cost_s_{key}"] = projected and projected["failure_cost_s"]
     last["simulated"] = "ranks are threads with real store clients running the real agreement; not torch processes"
     print(json.dumps(last))
 
