@@ -175,11 +175,12 @@ def worker(port: int, world: int, first: int, last: int) -> None:
         connected.wait()
         try:
             client.wait([RELEASE], timedelta(seconds=600))
+            woken = time.time()
             counted = CountingStore(client)
             snaps = Snapshots(scratch / "run" / f"node{r // GPN}", rank=r, world=world, interval=1, tag=str(world),
                               gpus_per_node=GPN, store=counted, prefix=PREFIX, token=TOKEN)
             plan = snaps._agree(held_by(r // GPN, world) if r % GPN == 0 else {}, None)
-            rows.append({"rank": r, "t": time.time(), "bytes": counted.bytes, "step": plan.step,
+            rows.append({"rank": r, "t": time.time(), "woken": woken, "bytes": counted.bytes, "step": plan.step,
                          "transfers": len(plan.transfers)})
         except Exception as exc:  # noqa: BLE001
             failed.append(f"rank {r}: {exc}"[:200])
@@ -194,6 +195,8 @@ def worker(port: int, world: int, first: int, last: int) -> None:
     others = [row for row in rows if row["rank"] != 0]
     leader = [row for row in rows if row["rank"] == 0]
     print(json.dumps({"last": max((row["t"] for row in rows), default=0), "ranks": len(rows), "failed": len(failed),
+                      "last_woken": max((row["woken"] for row in rows), default=0),
+                      "leader_done": leader[0]["t"] if leader else None,
                       "first_failure": failed[:1], "max_bytes": max((row["bytes"] for row in others), default=0),
                       "leader_bytes": leader[0]["bytes"] if leader else None,
                       "steps": sorted({row["step"] for row in rows}, key=str),
@@ -235,6 +238,10 @@ def one_size(world: int) -> dict[str, Any]:
     leader = next(r["leader_bytes"] for r in reports if r["leader_bytes"] is not None)
     return {"ranks": world, "ok": not failed and steps == {max(STEPS)} and sum(r["ranks"] for r in reports) == world,
             "restore_agree_s": round(max(r["last"] for r in reports) - released, 3),
+            # where it went: every stand-in woken by the release (a storm of the stand-ins' own), rank 0's plan
+            # published (the nodes' inventories put and read), the last rank holding it
+            "release_woken_s": round(max(r["last_woken"] for r in reports) - released, 3),
+            "plan_published_s": round(next(r["leader_done"] for r in reports if r["leader_done"]) - released, 3),
             "restore_bytes_per_rank": max(r["max_bytes"] for r in reports), "restore_leader_bytes": leader,
             "allgather_bytes_per_rank": allgather_bytes(world),
             "transfers": sorted({t for r in reports for t in r["transfers"]})}
