@@ -251,7 +251,8 @@ def one_size(world: int) -> dict[str, Any]:
 def node_batch(node: str, first_rank: int, step: int, now: float, hung: bool, culprit: int | None, detail: bool,
                first: bool, hang_begins: bool) -> bytes:
     """One second of a node's aggregator, as RankDigest would make it: a row per rank, its 1 s step's report and,
-    where the controller asked for detail, its three phase changes (the pid and GPU in a node's first batch only).
+    where the controller asked for detail, its three phase changes (the pid, GPU and process states in a node's
+    first batch, then the changes).
 
     Hung: the culprit says nothing at all (a SIGSTOPped process), every other rank waits in the collective
     (its liveness beats only, after the change into it), as a real hang looks from the aggregator.
@@ -260,7 +261,8 @@ def node_batch(node: str, first_rank: int, step: int, now: float, hung: bool, cu
 
     rows, procs = [], {}
     for r in range(first_rank, first_rank + GPN):
-        procs[str(r)] = "stopped" if hung and r == culprit else "running"
+        if first or (hang_begins and r == culprit):  # the aggregator says each state once, then its changes
+            procs[str(r)] = "stopped" if hung and r == culprit else "running"
         if hung and r == culprit:
             continue
         pid, gpu = (10000 + r, r % GPN) if first else (None, None)

@@ -10,6 +10,7 @@ even where the timeline records a sample.
 from __future__ import annotations
 
 import json
+import os
 import random
 import socket
 import time
@@ -196,3 +197,25 @@ def test_a_hang_in_a_large_world_names_its_culprit_and_a_few_victims_and_counts_
     assert verdict.evidence["victims"]["count"] == world - 1
     assert sum(verdict.evidence["victims"]["doing"].values()) == world - 1
     assert len(json.dumps(verdict.as_dict())) < 20_000  # every victim named made 4.9 MB at 16,384 ranks
+
+
+def test_an_aggregator_says_each_process_state_once_then_its_changes(tmp_path: Path) -> None:
+    from clusterctl.runtime.node.aggregator import Aggregator
+
+    agg = Aggregator("n1", TOKEN, ("127.0.0.1", 1), str(tmp_path / "agg.sock"), None)
+    ours, theirs = socket.socketpair()
+    agg.out = ours
+    try:
+        agg.pids = {0: os.getpid(), 1: 2**22 + 12345}  # this process, and one that does not exist
+        agg.reported[1] = wire.GONE
+        for _ in range(2):
+            agg.send_batch()
+        theirs.settimeout(5)
+        data = b""
+        while data.count(b"\n") < 2:
+            data += theirs.recv(65536)
+        first, second = (json.loads(line) for line in data.splitlines()[:2])
+        assert first["procs"] == {"0": "running", "1": "gone"} and second["procs"] == {}
+    finally:
+        ours.close()
+        theirs.close()

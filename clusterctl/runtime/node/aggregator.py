@@ -72,6 +72,7 @@ class Aggregator:
         self.digests: dict[int, wire.RankDigest] = {}  # rank -> what it said since the last batch
         self.cap, self.detail = wire.MIN_CAP, True  # what a rank's row may carry: the controller's welcome says
         self.gpu_sample: dict[str, Any] | None = None  # taken since the last batch
+        self.said_states: dict[str, str] = {}  # rank -> the process state the controller was last told
         self.pids: dict[int, int] = {}  # rank -> pid
         self.pidfds: dict[int, int] = {}  # pidfd -> rank
         self.reported: dict[int, str] = {}  # rank -> process state last sent
@@ -240,7 +241,10 @@ class Aggregator:
     def send_batch(self) -> None:
         rows = [row for row in (d.row() for d in self.digests.values()) if row is not None]
         gpus, self.gpu_sample = self.gpu_sample, None
-        self.send(wire.batch(self.node, time.time(), rows, self.processes(), gpus))
+        states = self.processes()
+        changed = {rank: state for rank, state in states.items() if self.said_states.get(rank) != state}
+        self.said_states = states  # each state once, then its changes: 100,000 ranks' every second cost the controller
+        self.send(wire.batch(self.node, time.time(), rows, changed, gpus))
 
     def send(self, message: dict[str, Any]) -> None:
         if self.out is None:

@@ -15,9 +15,10 @@ Aggregator to the controller, one JSON line each on the watch connection
 after the greeting (wire/greeting.py):
 
     BATCH {node, t, ranks, procs, gpus?}  one row per rank heard from since the last batch (ROW, made by
-                                   RankDigest); procs maps each rank to a PROCESS_STATES entry (GONE's name
-                                   doubles as the state of a process that ended); gpus: the node's latest
-                                   GPU sample, when one was taken since
+                                   RankDigest); procs maps each rank whose process state changed since the
+                                   last batch (every rank in the first) to a PROCESS_STATES entry (GONE's
+                                   name doubles as the state of a process that ended); gpus: the node's
+                                   latest GPU sample, when one was taken since
     GONE  {node, rank, pid, t}     a rank's process ended (sent at once)
     BYE   {node}                   the aggregator is done: its connection closing is not a lost node
 
