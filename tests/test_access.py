@@ -267,7 +267,7 @@ for node in nodes:  # a hello for every node, with a guessed secret, then beats,
     line = conn.recv(4096)
     seen["challenged"] += json.loads(line.split(b"\n")[0])["kind"] == "challenge"
     forged = [{"kind": "hello", "node": node, "pid": 1, "mac": "0" * 64},
-              {"kind": "batch", "beats": [{"kind": "phase", "rank": 0, "step": 10**6, "phase": "forward"}]},
+              {"kind": "batch", "ranks": [[0, 1, None, "forward", 10**6, 0.0, True, False, 0, [], []]], "procs": {}},
               {"kind": "gone", "rank": 0, "pid": 1}]
     conn.sendall("".join(json.dumps(m) + "\n" for m in forged).encode())
     try:
