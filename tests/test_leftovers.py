@@ -33,6 +33,7 @@ def test_dead_pid_files_and_unheard_sockets_go_and_live_ones_stay(tmp_path: Path
     (tmp_path / "unrelated.pid").write_text("1\n")
     link = tmp_path / "clusterctl-warm.ee.node3.pid"
     link.symlink_to(tmp_path / "unrelated.pid")  # never followed, never removed
+    (tmp_path / "clusterctl-warm.gg.node2.pid").write_text(f"{dead_pid()}\n")  # this job's server that died on node2
     theirs = tmp_path / "clusterctl-warm.ff.node1.pid"
     theirs.write_text(f"{dead_pid()}\n")
     if os.geteuid() == 0:
@@ -40,10 +41,11 @@ def test_dead_pid_files_and_unheard_sockets_go_and_live_ones_stay(tmp_path: Path
     else:
         theirs.unlink()
     try:
-        assert leftovers.sweep(tmp_path) == 3
+        assert leftovers.sweep(tmp_path, job="clusterctl-warm.gg") == 3
         assert sorted(p.name for p in tmp_path.iterdir()) == [
             "clusterctl-89ef01234567-node2.sock", "clusterctl-warm.bb.node1.pid", "clusterctl-warm.cc.node2.pid",
             "clusterctl-warm.ee.node3.pid", *(["clusterctl-warm.ff.node1.pid"] if os.geteuid() == 0 else []),
+            "clusterctl-warm.gg.node2.pid",
             "unrelated.pid"]
     finally:
         live.close()

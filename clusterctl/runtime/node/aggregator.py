@@ -87,7 +87,8 @@ class Aggregator:
             os.unlink(self.sock_path)
         except FileNotFoundError:
             pass
-        leftovers.sweep(os.path.dirname(self.sock_path) or ".", keep=self.sock_path)  # killed jobs' sockets, pid files
+        own_job = os.environ.get(envnames.WARM, "")
+        leftovers.sweep(os.path.dirname(self.sock_path) or ".", keep=self.sock_path, job=own_job)  # killed jobs' sockets, pid files
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.bind(self.sock_path)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)

@@ -8,7 +8,10 @@ behind, and a node that runs many jobs gathers thousands. So each warm
 server and aggregator, as it starts, removes this user's leftovers of the
 same kind: a pid file whose process is gone, a socket nobody listens on.
 Only this user's own regular files and sockets are touched, never through a
-link; another user's are theirs.
+link; another user's are theirs. The running job's own pid files stay, dead
+or not: a rank refused by its node's server tells "ended" from "not yet
+listening" by that file (runtime/node/warm/client.py), and another node's
+server or aggregator starting later must not take that answer away.
 """
 
 from __future__ import annotations
@@ -67,8 +70,9 @@ def _nobody_listens(path: str) -> bool:
     return False
 
 
-def sweep(directory: str | Path, keep: str = "") -> int:
-    """Remove this user's dead pid files and sockets in `directory` (but not `keep`, the caller's own); how many."""
+def sweep(directory: str | Path, keep: str = "", job: str = "") -> int:
+    """Remove this user's dead pid files and sockets in `directory` (but not `keep`, the caller's own, nor the pid
+    files of `job`, the running job's warm prefix); how many."""
     removed, now = 0, time.time()
     try:
         names = os.listdir(directory)
@@ -79,6 +83,8 @@ def sweep(directory: str | Path, keep: str = "") -> int:
         if path == keep:
             continue
         if fnmatch.fnmatch(name, PID_FILES):
+            if job and name.startswith(f"{job}."):
+                continue
             dead = _mine(path, stat.S_IFREG) and _pid_gone(path, now)
         elif fnmatch.fnmatch(name, SOCKETS):
             dead = _mine(path, stat.S_IFSOCK) and _nobody_listens(path)

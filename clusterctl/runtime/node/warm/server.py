@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(f"{os.getpid()}\n")
-    leftovers.sweep(leftovers.tmpdir(), keep=marker)  # what killed jobs' servers and aggregators left on this node
+    leftovers.sweep(leftovers.tmpdir(), keep=marker, job=prefix)  # what killed jobs' servers and aggregators left on this node
     began = time.monotonic()
     failed = preimport([*([] if args.only else IMPORTS), *args.imports])
     import gc
