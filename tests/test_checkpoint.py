@@ -7,6 +7,7 @@ and join them with a gloo group, so a 4-rank world starts in ~0.1 s.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -536,3 +537,36 @@ def test_a_rank_that_raises_is_reported_with_its_traceback(tmp_path: Path) -> No
 
     with pytest.raises(RankFailed, match="(?s)rank 1:.*rank one is broken"):
         fork_ranks(2, broken, timeout=30)
+
+
+def _sockets() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def _sockets_a_checkpoint_opens(rank: int, world: int, directory: str) -> int:
+    before = _sockets()
+    ck = Checkpointer(directory, rank=rank, world_size=world)
+    ck.save(1, model_state(seed=rank), {"rank": rank}, asynchronous=True).wait()
+    ck.save(2, model_state(seed=rank), {"rank": rank})
+    ck.load(ck.latest(), blank_like(model_state(seed=0)))
+    opened = len(_sockets() - before)
+    ck.close()
+    return opened
+
+
+def test_a_checkpoints_ranks_connect_to_a_few_peers_and_the_coordinator_not_to_the_world(tmp_path: Path) -> None:
+    """Saves, a load and the agreement before a background save: a rank other than the coordinator opens about
+    log2(world) connections, gloo's halving-doubling partners (measured 4, 6, 7, 7 at 4, 8, 16, 24 ranks), where
+    a full mesh made eagerly would be one a peer on every rank, each attempt."""
+    world = 16
+    opened = fork_ranks(world, _sockets_a_checkpoint_opens, str(tmp_path))
+    assert opened[0] <= world, opened  # the coordinator gathers from every rank
+    assert max(opened[1:]) <= math.log2(world) + 4 < world - 1, opened  # partners, the coordinator, the store

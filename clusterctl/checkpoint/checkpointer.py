@@ -5,12 +5,15 @@ ranks: every rank calls it, in the same order. A Checkpointer makes its own
 gloo process group (over the ranks of `process_group`, default the whole
 world) so that its collectives, including those of a background save, never
 interleave with the training group's; only the ranks of that group need to
-construct it.
+construct it. The group connects lazily: a rank opens a connection only to
+the peers it exchanges with, so its sockets do not grow with the world
+(`_checkpoint_group`).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -28,9 +31,20 @@ from clusterctl.checkpoint.errors import CheckpointError
 from clusterctl.checkpoint.generations import Generation, resumable
 from clusterctl.checkpoint.protocol import Context, Timings, save_generation
 
+LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"  # read by gloo as a group is made: connect each pair on its first exchange
+
 
 def _checkpoint_group(rank: int, world_size: int, process_group: Any, timeout: timedelta) -> Any:
-    """A gloo group over the training group's ranks, or None for a single process."""
+    """A gloo group over the training group's ranks, or None for a single process.
+
+    Made eagerly, a gloo group connects a full mesh on every attempt: world - 1
+    sockets on every rank, 10^10 connections at 100,000 ranks. Made lazily, a
+    rank connects only to whom it exchanges with: its ring neighbours for the
+    all-reduce, and the coordinator (rank 0) for DCP's gathers and broadcasts,
+    which alone holds one connection a rank (tests/test_checkpoint.py counts
+    them). The variable is set only while this group is made; the script's own
+    groups are made as it asks.
+    """
     if world_size == 1:
         return None
     if not (dist.is_available() and dist.is_initialized()):
@@ -41,7 +55,15 @@ def _checkpoint_group(rank: int, world_size: int, process_group: Any, timeout: t
         ranks = list(range(dist.get_world_size()))
     if len(ranks) != world_size:
         raise CheckpointError(f"world_size {world_size} but the process group has {len(ranks)} ranks")
-    group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
+    before = os.environ.get(LAZY_GLOO)
+    os.environ[LAZY_GLOO] = "1"
+    try:
+        group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout, use_local_synchronization=True)
+    finally:
+        if before is None:
+            os.environ.pop(LAZY_GLOO, None)
+        else:
+            os.environ[LAZY_GLOO] = before
     if dist.get_rank(group) != rank:
         raise CheckpointError(f"rank {rank} is rank {dist.get_rank(group)} of the process group")
     return group
