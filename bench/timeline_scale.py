@@ -10,8 +10,11 @@ run of 512 ranks (clusterctl/testing/runsynth.py: the watch server's line
 layout, a straggler verdict and its restart) with as many steps as make the
 measured bytes of M minutes (60; --quick: 10), then times `clusterctl
 report --json` and `clusterctl trace` on it as a user runs them, each in its
-own process: wall seconds and peak RSS (report: its own and its forked
-timeline readers' children, as the kernel counts them).
+own process: wall seconds and peak RSS (the largest process, its forked
+timeline readers included, as the kernel counts them). Both read a bounded
+number of bytes (the report 256 MB in stretches, the trace each attempt's
+last 64 MB) and pick deaths and verdicts out of the rest, so `--minutes`
+longer than an hour should cost little more.
 
 Target (the scale issue): each under 10 s on a 16k-rank run's timeline.
 

@@ -359,3 +359,37 @@ def test_real_run(tmp_path: Path) -> None:
     last1 = max(e["ts"] + e["dur"] for e in events if e["ph"] == "X" and e["pid"] < 1000)
     first2 = min(e["ts"] for e in events if e["ph"] == "X" and e["pid"] >= 1000)
     assert last1 <= restart["ts"] <= _instant(events, "attempt 2 start")["ts"] <= first2
+
+
+def test_a_timeline_too_large_to_trace_whole_shows_its_end_and_every_death(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the trace's budget an attempt shows the minutes before its end; a death long before is still there,
+    otherData and the summary line say where the window starts, and --all writes everything."""
+    run = make_run(tmp_path)
+    timeline = run.attempt(2) / "timeline.jsonl"
+    at, steps = T0 + 30.0, 1200
+    with open(timeline, "w") as fh:
+        for step in range(steps):
+            for rank in range(4 if step < 60 else 3):
+                for phase in PHASES:
+                    fh.write(json.dumps({"t": at, "kind": "phase", "rank": rank, "node": HOSTS[rank // 2], "step": step,
+                                         "phase": phase, "at": at}) + "\n")
+                    at += 0.001
+            if step == 59:  # rank 3 ends early in the file: its death must show whatever the window
+                fh.write(json.dumps({"t": at, "kind": "gone", "rank": 3, "node": HOSTS[1], "pid": 103, "at": at}) + "\n")
+    size = timeline.stat().st_size
+    monkeypatch.setattr("clusterctl.views.chrometrace.TRACE_BYTES", size // 4)
+    doc = render(run, 2)
+    events = check_trace(doc)
+    window = doc["otherData"]["window"]["2"]
+    assert window["of_bytes"] == size and 0.7 * size < window["from_byte"] < 0.8 * size, window
+    phases = [e for e in events if e["ph"] == "X" and e["cat"] == "phase"]
+    first_step = min(e["args"]["step"] for e in phases)
+    shown = {e["tid"] for e in phases}
+    assert shown == {0, 1, 2}, shown
+    assert _instant(events, "rank 3 gone")["ts"] < min(e["ts"] for e in phases)
+    assert first_step > 0.6 * steps, first_step
+    result = cli("trace", run.path, "--attempt", "2", "-o", "-")
+    assert result.exit_code == 0 and "--all" in result.stderr and "attempt 2: its last" in result.stderr, result.stderr
+    whole = check_trace(render(run, 2, whole=True))
+    assert len([e for e in whole if e["ph"] == "X" and e["cat"] == "phase"]) > 3 * len(phases)

@@ -374,3 +374,31 @@ def test_close_verdict_labels_stack_and_a_spiky_loss_goes_on_a_log_axis() -> Non
     assert loss_scale(np.array([300.0, 40.0, *np.linspace(3.0, 2.0, 200)])) == "log"
     assert loss_scale(np.linspace(3.0, 2.0, 200)) == "linear"
     assert loss_scale(np.array([5.0, -1.0, 0.5, 0.4, 0.3])) == "linear"  # a loss that goes negative: no log axis
+
+
+def test_a_timeline_past_the_budget_is_read_in_stretches_with_every_death_and_verdict(tmp_path: Path,
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large job's timeline grows ~1 GB an hour: past the report's budget its phases and steps come from
+    stretches spread from the start to the end, the deaths and verdicts from all of it, and the page says so."""
+    run = write_synthetic_run(tmp_path, steps=1200, ranks=8, attempts=2, straggler=5)
+    path = run / "attempt-1" / "timeline.jsonl"
+    size = path.stat().st_size
+    with path.open("a") as fh:  # a death in the middle of a gap: found by the byte search, not a stretch
+        fh.write(json.dumps({"t": 1.0, "kind": "gone", "rank": 7, "node": "node4", "pid": 9, "at": 1.0}) + "\n")
+    whole, part = read_timeline(path), read_timeline(path, size // 4)
+    assert whole.read_share == 1 and 0.2 < part.read_share < 0.3, part.read_share
+    assert part.gone == whole.gone and part.verdicts == whole.verdicts and 7 in part.gone
+    steps = set(part.step_step.tolist())
+    assert steps < set(whole.step_step.tolist())
+    assert {int(whole.step_step.min()), int(whole.step_step.max())} <= steps, "the warm-up's and the end's steps are read"
+    assert len(set(part.phase_part.tolist())) == 32
+    monkeypatch.setattr("clusterctl.views.report.load.READ_BYTES", size // 4)
+    sampled, full = collect(RunDir(run)), None
+    monkeypatch.undo()
+    full = collect(RunDir(run))
+    note = [n for n in sampled.headline["notes"] if "evenly spaced stretches" in n]
+    assert note and "attempt 1" in note[0], sampled.headline["notes"]
+    assert sampled.headline["slowest_rank"]["rank"] == full.headline["slowest_rank"]["rank"] == 5
+    for rank, cats in full.headline["phases_s"].items():  # a phase never lasts across the bytes not read
+        got = sampled.headline["phases_s"][rank]
+        assert sum(got.values()) < 0.45 * sum(cats.values()), (rank, got, cats)

@@ -14,15 +14,21 @@ from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.views.chrometrace import Summary, build_trace, write_trace, write_trace_file
+from clusterctl.views.chrometrace import TRACE_BYTES, Summary, build_trace, write_trace, write_trace_file
 
 
 def _summary_line(summary: Summary, attempts: list[int], where: str) -> str:
     which = f"attempt {attempts[0]}" if len(attempts) == 1 else f"{len(attempts)} attempts"
-    return (
+    line = (
         f"trace: {summary.events:,} events, {len(summary.ranks)} ranks, {len(summary.hosts)} nodes, {which}, "
         f"span {summary.span_s:.1f} s -> {where}"
     )
+    if summary.windows:
+        shown = ", ".join(f"attempt {n}: its last {(size - start) / 1e6:,.0f} of {size / 1e6:,.0f} MB"
+                          for n, (start, size) in sorted(summary.windows.items()))
+        line += (f"\ntrace: phases and steps only from the end of each large timeline ({shown}); deaths, lost nodes"
+                 " and verdicts from all of it; --all for everything")
+    return line
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +44,8 @@ def register(app: typer.Typer) -> None:
             " RUN/report; RUN/trace-attempt-N.json with --attempt)")] = None,
         steps: Annotated[bool, typer.Option("--steps/--no-steps", help="enclose each step's phases in a `step N` slice")] = True,
         gpu: Annotated[bool, typer.Option("--gpu/--no-gpu", help="GPU samples as counter tracks")] = True,
+        whole: Annotated[bool, typer.Option("--all", help="every line of a timeline too large to trace whole (by default,"
+                                            f" past {TRACE_BYTES >> 20} MB, each attempt's last part: the minutes before its end)")] = False,
         root: RootOpt = None,
         remote: RemoteOpt = None,
     ) -> None:
@@ -49,7 +57,7 @@ def register(app: typer.Typer) -> None:
         if where := remote_target(remote):
             run_there(where, ctx)  # `-o -` brings the trace here
         target = resolve_run(run, root)
-        built = build_trace(target, attempt, steps=steps, gpu=gpu)
+        built = build_trace(target, attempt, steps=steps, gpu=gpu, whole=whole)
         attempts = [a.number for a in built.attempts]
         if output is None:  # in the run directory, as the report goes
             output = str(target.path / (rundir.TRACE if attempt is None else rundir.TRACE.replace(".json", f"-attempt-{attempt}.json")))

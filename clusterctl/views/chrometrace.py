@@ -24,6 +24,13 @@ Layout:
 Timestamps are integer microseconds from the trace's earliest event (otherData.origin_epoch_s).
 The timeline is read in one pass with state per rank only, so a timeline of millions
 of lines costs memory in proportion to the ranks, not the lines.
+
+Window: a large job's timeline grows about 1 GB an hour, which no trace viewer
+opens with ease. Past TRACE_BYTES over the attempts traced, each attempt
+shows its last part (its share of TRACE_BYTES, by size): the minutes before
+its end, where its verdict is. Its deaths, lost nodes and verdicts come from
+all of it (a byte search), and otherData.window says where each window
+starts. `whole=True` (`trace --all`) writes everything.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ ORIGIN_SCAN_LINES = 2000  # lines of each timeline read ahead to find the earlie
 BATCH = 4096  # events handed on (and encoded) together
 STEP_BUFFER_MAX = 4096  # phases held back per rank until their step slice is written (then flushed anyway)
 MIN_STRIDE = 1000
+TRACE_BYTES = 1 << 26  # the timelines' bytes traced in full; past it, each attempt's last share of this much
+RARE_MARKS = (b'"kind": "gone"', b'"kind": "verdict"', b'"kind": "node_lost"')  # read from before a window too
 STARTUP = "startup"  # the slice from a rank's process start (manifest timings) to its first phase
 
 
@@ -113,6 +122,7 @@ class Summary:
     last_us: int | None = None
     skipped_lines: int = 0
     clamped: int = 0
+    windows: dict[int, tuple[int, int]] = field(default_factory=dict)  # attempt -> (bytes before its window, file size)
 
     @property
     def span_s(self) -> float:
@@ -189,7 +199,8 @@ class Trace:
     Iterate it (or `batches()`) once; `summary` and `other_data()` are complete after that.
     """
 
-    def __init__(self, run: RunDir, attempt: int | None = None, steps: bool = True, gpu: bool = True) -> None:
+    def __init__(self, run: RunDir, attempt: int | None = None, steps: bool = True, gpu: bool = True,
+                 whole: bool = False) -> None:
         self.run = run
         self.steps = steps
         self.gpu = gpu
@@ -219,6 +230,50 @@ class Trace:
             self.attempts.append(_Attempt(found.number, index * self.stride, hosts, _manifest_ranks(manifest), verdict, mine,
                                           found.cancelled_by))
         self.origin = self._origin([info for _, info, _ in loaded])
+        self.starts = {} if whole else self._windows()
+
+    def _windows(self) -> dict[int, int]:
+        """Attempt -> the byte its window starts at (a line start), for attempts whose timeline is not traced whole."""
+        sizes = {}
+        for att in self.attempts:
+            try:
+                sizes[att.number] = (self.run.attempt(att.number) / rundir.TIMELINE).stat().st_size
+            except OSError:
+                continue
+        total = sum(sizes.values())
+        if total <= TRACE_BYTES:
+            return {}
+        starts = {}
+        for number, size in sizes.items():
+            share = TRACE_BYTES * size // total
+            with open(self.run.attempt(number) / rundir.TIMELINE, "rb") as fh:
+                fh.seek(max(0, size - share - 1))
+                fh.readline()
+                starts[number] = fh.tell() if size - share > 0 else 0
+            if starts[number] > 0:
+                self.summary.windows[number] = (starts[number], size)
+        return starts
+
+    def _lines(self, fh: TextIO, att: _Attempt) -> Iterator[str]:
+        """The attempt's lines as traced: before its window only deaths, lost nodes and verdicts, then every line."""
+        start = self.starts.get(att.number, 0)
+        if start:
+            raw = fh.buffer
+            left, rest = start, b""
+            while left > 0:
+                buf = raw.read(min(1 << 24, left))
+                if not buf:
+                    break
+                left -= len(buf)
+                buf = rest + buf
+                cut = buf.rfind(b"\n") + 1 if left > 0 else len(buf)
+                rest, buf = buf[cut:], buf[:cut]
+                if any(mark in buf for mark in RARE_MARKS):
+                    for line in buf.split(b"\n"):
+                        if any(mark in line for mark in RARE_MARKS):
+                            yield line.decode("utf-8", "replace")
+            raw.seek(start)
+        yield from fh
 
     def _origin(self, infos: list[AttemptJson]) -> float:
         """The earliest timestamp known before streaming: events, attempt starts, rank starts, verdicts, each timeline's head."""
@@ -301,7 +356,7 @@ class Trace:
         except OSError:
             return
         with fh:
-            for line in fh:
+            for line in self._lines(fh, att):
                 record = parse(line)
                 if record is None:
                     summary.skipped_lines += 1
@@ -408,7 +463,7 @@ class Trace:
             self._thread(pid, rank, record.get("gpu"))
             timings = _timings(record)
             started = _num(timings.get("started"))
-            if started is not None:
+            if started is not None and not self.starts.get(att.number):  # a window starts long after the ranks did
                 lane = lanes[rank] = _Lane(pid, rank)
                 lane.phase, lane.phase_start, lane.phase_cat = STARTUP, self.us(started), "startup"
                 lane.phase_args = {str(k): round(v - started, 6) for k, v in timings.items() if k != "started" and _num(v) is not None}
@@ -501,9 +556,10 @@ def _timings(record: dict[str, Any]) -> dict[str, Any]:
     return timings if isinstance(timings, dict) else {}
 
 
-def build_trace(run: RunDir, attempt: int | None = None, steps: bool = True, gpu: bool = True) -> Trace:
-    """The trace of a run (every attempt on one axis) or of one attempt; raises a usage error for an attempt that does not exist."""
-    return Trace(run, attempt, steps, gpu)
+def build_trace(run: RunDir, attempt: int | None = None, steps: bool = True, gpu: bool = True, whole: bool = False) -> Trace:
+    """The trace of a run (every attempt on one axis) or of one attempt; raises a usage error for an attempt that does not exist.
+    `whole`: every line of a timeline past TRACE_BYTES, not its window."""
+    return Trace(run, attempt, steps, gpu, whole)
 
 
 def write_trace(trace: Trace, out: TextIO) -> Summary:
@@ -541,6 +597,7 @@ def other_data(trace: Trace) -> dict[str, Any]:
         "span_s": s.span_s,
         "skipped_lines": s.skipped_lines,
         "clamped_to_origin": s.clamped,
+        "window": {str(n): {"from_byte": a, "of_bytes": b} for n, a, b in ((n, *w) for n, w in s.windows.items())},
     }
 
 

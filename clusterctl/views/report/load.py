@@ -8,6 +8,7 @@ files give empty arrays and a note, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from clusterctl.rundir import RunDir, attemptjson, history, runjson
 from clusterctl.rundir import metrics as metricsfile
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import Verdict
-from clusterctl.views.report.timeline import Timeline, read_timeline
+from clusterctl.views.report.timeline import READ_BYTES, STRETCHES, Timeline, read_timeline
 
 # The metrics writer's layout (rundir/metrics.py), read by a pattern built from its definition.
 _METRIC = metricsfile.pattern(
@@ -111,9 +112,25 @@ def read_metrics(path: Path, start: float | None) -> Metrics:
     return m
 
 
+def timeline_shares(sizes: dict[int, int], budget: int | None = None) -> dict[int, int]:
+    """Each attempt's part of the bytes the report parses: all of every file while they fit in `budget`
+    (READ_BYTES), else the budget split by size, so that a long run's report takes as long as a short one's."""
+    budget = READ_BYTES if budget is None else budget
+    total = sum(sizes.values())
+    if total <= budget:
+        return dict(sizes)
+    return {k: max(1, budget * v // total) for k, v in sizes.items()}
+
+
 def _attempts(run: RunDir, notes: list[str]) -> list[AttemptData]:
     found = []
-    for h in history.read(run).attempts:
+    attempts = history.read(run).attempts
+    sizes = {}
+    for h in attempts:
+        with contextlib.suppress(OSError):
+            sizes[h.number] = (run.attempt(h.number) / rundir.TIMELINE).stat().st_size
+    shares = timeline_shares(sizes)
+    for h in attempts:
         a = AttemptData(h.number, h.job_id, start=h.start, end=h.end, exit_code=h.exit_code, end_reason=h.end_reason, meaning=h.meaning,
                         cancelled_by=h.cancelled_by, next_how=h.next, next_time=h.next_time, next_reason=h.next_reason)
         adir = run.attempt(h.number)
@@ -124,7 +141,11 @@ def _attempts(run: RunDir, notes: list[str]) -> list[AttemptData]:
             a.start = info.started
         a.verdict = verdictfile.read(adir)
         a.metrics = read_metrics(adir / rundir.METRICS, a.start)
-        a.timeline = read_timeline(adir / rundir.TIMELINE)
+        a.timeline = read_timeline(adir / rundir.TIMELINE, shares.get(h.number))
+        if a.timeline.read_share < 1:
+            notes.append(f"attempt {h.number}: timeline.jsonl ({a.timeline.size / 1e6:,.0f} MB) was read in "
+                         f"{STRETCHES} evenly spaced stretches, {a.timeline.read_share:.0%} of it, from its start to its end; "
+                         "step times and phases are those stretches', deaths and verdicts are read whole")
         if a.metrics.t_derived:
             notes.append(f"attempt {h.number}: metrics.jsonl has no wall clock `t`; it is the attempt's start plus the summed step times")
         if a.timeline.slow_chunks:

@@ -149,12 +149,16 @@ def _phase_durations(tl: Timeline) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
         return z.astype(np.int32), z.astype(np.int8), z, z
     order = np.lexsort((tl.phase_at, tl.phase_rank))
     rank, cat, at = tl.phase_rank[order], tl.phase_cat[order], tl.phase_at[order]
+    part = tl.phase_part[order] if tl.phase_part.size == tl.phase_rank.size else np.zeros(rank.size, np.int32)
     nxt = np.empty_like(at)
     nxt[:-1] = at[1:]
     last = np.ones(rank.size, bool)
     last[:-1] = rank[1:] != rank[:-1]
     gone = np.array([tl.gone.get(int(r), np.nan) for r in rank[last]])
     nxt[last] = gone  # NaN: the rank's end is unknown, so its last phase is not counted
+    cut = np.zeros(rank.size, bool)
+    cut[:-1] = ~last[:-1] & (part[1:] != part[:-1])
+    nxt[cut] = np.nan  # a stretch's last phase: where it ended lies in the bytes not read
     dur = np.clip(np.nan_to_num(nxt - at, nan=0.0), 0.0, None)
     return rank, cat, at, dur
 

@@ -10,6 +10,14 @@ the count differs (another writer, keys in another order, records without
 `at`) is read line by line with `json.loads`: slower, never wrong. Torn or
 foreign lines are skipped. Large files are read by worker processes, one
 part each, when the machine has more than one core.
+
+A timeline is bounded in lines per hour, not in hours: a large job's sample
+writes about 1 GB an hour (docs/admin/scale.md). Past READ_BYTES, an
+attempt's file is read in STRETCHES evenly spaced stretches, the first at
+its start (the warm-up), the last at its end (a fault), READ_BYTES in all; between them only
+the deaths and verdicts are picked out, by a byte search that costs a
+fraction of parsing. A phase's duration never bridges two stretches, and
+`Timeline.read_share` says how much was parsed, so the report can say so.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ SAVE = CATEGORIES.index("save")
 
 CHUNK = 1 << 25  # bytes per read: big enough to amortise the pattern's start-up, small for memory
 PARALLEL_BYTES = 1 << 26  # a file this big is split across worker processes
+READ_BYTES = 1 << 28  # a run's timelines parsed in full up to this; past it, stretches of this much in all
+STRETCHES = 32  # evenly spaced stretches an attempt's timeline is read in, past its share of READ_BYTES
 
 # Patterns built from the writer's layout (rundir/timeline.py); tests check every line it writes matches.
 _PHASE = timeline.pattern(timeline.PHASE, "kind", "at", ("rank", "phase", "at"))
@@ -58,6 +68,9 @@ class Timeline:
     gone: dict[int, float] = field(default_factory=dict)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     slow_chunks: int = 0  # chunks read line by line (not in the watch server's layout)
+    phase_part: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # each phase's stretch (0: read whole)
+    read_share: float = 1.0  # of the file's bytes parsed: below 1, its phases and steps are those of evenly spaced stretches
+    size: int = 0  # the file's bytes
 
     @property
     def empty(self) -> bool:
@@ -78,11 +91,12 @@ def _cats(names: list[bytes] | tuple[bytes, ...]) -> np.ndarray:
 
 
 Parts = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray], list[np.ndarray],
-              dict[int, float], list[dict[str, Any]], int, list[np.ndarray]]  # the last: the steps' compute_s
+              dict[int, float], list[dict[str, Any]], int, list[np.ndarray], list[np.ndarray]]
+# 9: the steps' compute_s; 10: each phase record's stretch
 
 
 def _new_parts() -> Parts:
-    return ([], [], [], [], [], [], {}, [], 0, [])
+    return ([], [], [], [], [], [], {}, [], 0, [], [])
 
 
 def _rare(line: bytes, gone: dict[int, float], verdicts: list[dict[str, Any]]) -> None:
@@ -307,10 +321,12 @@ def _rare_lines(chunk: bytes, parts: Parts) -> None:
             _rare(chunk[start : end if end >= 0 else len(chunk)], parts[6], parts[7])
 
 
-def _read_range(path: str, start: int, stop: int) -> Parts:
-    """Parse bytes [start, stop) of the file; both ends lie on line starts."""
+def _read_range(path: str, start: int, stop: int, part: int = 0, rare_only: bool = False) -> Parts:
+    """Parse bytes [start, stop) of the file, both ends on line starts, as stretch `part`; with `rare_only`,
+    only its deaths and verdicts."""
     parts = _new_parts()
     slow = 0
+    read = _rare_lines if rare_only else _chunk
     with open(path, "rb") as fh:
         fh.seek(start)
         left = stop - start
@@ -323,10 +339,15 @@ def _read_range(path: str, start: int, stop: int) -> Parts:
             buf = rest + buf
             cut = buf.rfind(b"\n") + 1 if left > 0 else len(buf)
             rest = buf[cut:]
-            slow += _chunk(buf[:cut], parts)
+            slow += read(buf[:cut], parts) or 0
         if rest:
-            slow += _chunk(rest, parts)
-    return (*parts[:8], slow, parts[9])  # type: ignore[return-value]
+            slow += read(rest, parts) or 0
+    phases = sum(a.size for a in parts[0])
+    return (*parts[:8], slow, parts[9], [np.full(phases, part, np.int32)])  # type: ignore[return-value]
+
+
+def _read_ranges(path: str, ranges: list[tuple[int, int, int, bool]]) -> list[tuple[int, Parts]]:
+    return [(r[0], _read_range(path, *r)) for r in ranges]
 
 
 def _splits(path: Path, size: int, n: int) -> list[tuple[int, int]]:
@@ -350,32 +371,82 @@ def _workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def read_timeline(path: Path) -> Timeline:
-    """The attempt's timeline; an empty Timeline when the file is missing or unreadable."""
+def _line_start(fh: Any, pos: int, size: int) -> int:
+    """The first line start at or after `pos`."""
+    if pos <= 0:
+        return 0
+    if pos >= size:
+        return size
+    fh.seek(pos - 1)
+    fh.readline()
+    return min(fh.tell(), size)
+
+
+def _stretches(path: Path, size: int, share: int) -> list[tuple[int, int, int, bool]]:
+    """(start, stop, stretch, deaths and verdicts only) over the whole file: STRETCHES parsed stretches of
+    share / STRETCHES bytes, evenly spaced from the file's start (the warm-up) to its end (a fault), and the
+    gaps between them."""
+    out: list[tuple[int, int, int, bool]] = []
+    length = max(1, share // STRETCHES)
+    cursor = 0
+    with open(path, "rb") as fh:
+        for i in range(STRETCHES):
+            begin = max(cursor, _line_start(fh, (size - length) * i // (STRETCHES - 1), size))
+            end = max(begin, _line_start(fh, begin + length, size) if i < STRETCHES - 1 else size)
+            if begin > cursor:
+                out.append((cursor, begin, 0, True))
+            if end > begin:
+                out.append((begin, end, i + 1, False))
+            cursor = end
+    if cursor < size:
+        out.append((cursor, size, 0, True))
+    return out
+
+
+def read_timeline(path: Path, share: int | None = None) -> Timeline:
+    """The attempt's timeline; an empty Timeline when the file is missing or unreadable. `share`: the bytes
+    to parse at most (its part of READ_BYTES, load.py); a larger file is read in stretches."""
     try:
         size = path.stat().st_size
     except OSError:
         return Timeline()
+    budget = READ_BYTES if share is None else share
     workers = min(_workers(), 8)
-    ranges = _splits(path, size, workers) if size >= PARALLEL_BYTES and workers > 1 else [(0, size)]
+    if size > budget:
+        pieces = _stretches(path, size, budget)
+        parsed, searched = [p for p in pieces if not p[3]], [p for p in pieces if p[3]]
+        n = workers if size >= PARALLEL_BYTES and workers > 1 else 1
+        tasks = [parsed[i::n] + searched[i::n] for i in range(n)]  # each worker as much parsing as the next
+    elif size >= PARALLEL_BYTES and workers > 1:
+        tasks = [[(a, b, 0, False)] for a, b in _splits(path, size, workers)]
+    else:
+        tasks = [[(0, size, 0, False)]]
     try:
-        results = _run(str(path), ranges)
+        results = _run(str(path), [t for t in tasks if t])
     except OSError:
         return Timeline()
-    return _merge(results)
+    tl = _merge(results)
+    tl.size = size
+    if size > budget:
+        tl.read_share = sum(b - a for a, b, _, _ in parsed) / size
+    return tl
 
 
-def _run(path: str, ranges: list[tuple[int, int]]) -> list[Parts]:
-    if len(ranges) == 1:
-        return [_read_range(path, *ranges[0])]
-    import multiprocessing  # noqa: PLC0415 - only for large files
+def _run(path: str, tasks: list[list[tuple[int, int, int, bool]]]) -> list[Parts]:
+    """Each task's ranges read by a worker of its own (one task: here); the parts in file order."""
+    if len(tasks) == 1:
+        done = _read_ranges(path, tasks[0])
+    else:
+        import multiprocessing  # noqa: PLC0415 - only for large files
 
-    try:
-        ctx = multiprocessing.get_context("fork")
-    except ValueError:  # no fork on this platform: one process reads it all
-        return [_read_range(path, ranges[0][0], ranges[-1][1])]
-    with ctx.Pool(len(ranges)) as pool:
-        return pool.starmap(_read_range, [(path, a, b) for a, b in ranges])
+        try:
+            ctx = multiprocessing.get_context("fork")
+        except ValueError:  # no fork on this platform: one process reads it all
+            done = _read_ranges(path, [r for t in tasks for r in t])
+        else:
+            with ctx.Pool(len(tasks)) as pool:
+                done = [p for ps in pool.starmap(_read_ranges, [(path, t) for t in tasks]) for p in ps]
+    return [parts for _, parts in sorted(done, key=lambda item: item[0])]
 
 
 def _cat(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -395,5 +466,5 @@ def _merge(results: list[Parts]) -> Timeline:
         phase_rank=joined(0, np.int32), phase_cat=joined(1, np.int8), phase_at=joined(2, np.float64),
         step_rank=joined(3, np.int32), step_step=joined(4, np.int64), step_s=joined(5, np.float64),
         step_compute_s=joined(9, np.float64),
-        gone=gone, verdicts=verdicts, slow_chunks=sum(r[8] for r in results),
+        gone=gone, verdicts=verdicts, slow_chunks=sum(r[8] for r in results), phase_part=joined(10, np.int32),
     )
