@@ -378,7 +378,7 @@ def test_a_timeline_too_large_to_trace_whole_shows_its_end_and_every_death(tmp_p
             if step == 59:  # rank 3 ends early in the file: its death must show whatever the window
                 fh.write(json.dumps({"t": at, "kind": "gone", "rank": 3, "node": HOSTS[1], "pid": 103, "at": at}) + "\n")
     size = timeline.stat().st_size
-    monkeypatch.setattr("clusterctl.views.chrometrace.TRACE_BYTES", size // 4)
+    monkeypatch.setattr("clusterctl.views.tracewindow.TRACE_BYTES", size // 4)
     doc = render(run, 2)
     events = check_trace(doc)
     window = doc["otherData"]["window"]["2"]

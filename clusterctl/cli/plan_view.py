@@ -10,6 +10,7 @@ from rich.text import Text
 
 from clusterctl.config.spec import DEFAULT_LEAD_S
 from clusterctl.plan import Plan
+from clusterctl.plan.elastic import grouped
 from clusterctl.plan.ranks import GROUP_KINDS
 from clusterctl.syntax.units import format_duration, format_gb
 
@@ -213,6 +214,27 @@ def _checkpoint(plan: Plan) -> Table | Text:
     return table
 
 
+def _elastic(plan: Plan) -> Table | None:
+    """The widths an elastic job may shrink to, largest first (plan/elastic.py)."""
+    found = plan.elastic
+    if found is None:
+        return None
+    kept = "the global batch kept exact" if found.batch == "keep" else "the global batch follows dp"
+    table = Table(title=f"Elastic: widths down to {found.min_nodes} nodes ({kept}; grow back: {'yes' if found.grow else 'no'})",
+                  title_justify="left")
+    for column in ("nodes", "dp", "micro x accum", "global batch", "memory per GPU"):
+        table.add_column(column, justify="right")
+    full = plan.batch
+    table.add_row(str(plan.nodes), str(full.dp), f"{full.micro} x {full.grad_accum}", str(full.global_batch),
+                  format_gb(plan.memory.total) if plan.memory else "-", style="dim")
+    for w in found.widths:
+        table.add_row(str(w.nodes), str(w.dp), f"{w.micro} x {w.grad_accum}", str(w.global_batch),
+                      f"{w.memory_gb:g} GB" if w.memory_gb is not None else "-")
+    if found.skipped:
+        table.caption = f"not used: {grouped(found.skipped)}"
+    return table
+
+
 def verdict_line(plan: Plan) -> Text | None:
     """The FITS / DOES NOT FIT line, with the reason for the margin."""
     mem = plan.memory
@@ -232,7 +254,7 @@ RESERVE_NOTE = "10% kept free for CUDA context, NCCL buffers and fragmentation"
 
 def render_plan(plan: Plan, console: Console) -> None:
     parts = [_summary(plan), _rank_map(plan), _groups(plan), _segments(plan), _rails(plan), _batch(plan), _memory(plan),
-             _checkpoint(plan)]
+             _checkpoint(plan), _elastic(plan)]
     parts = [part for part in parts if part is not None]
     console.print(Group(*parts))
     verdict = verdict_line(plan)

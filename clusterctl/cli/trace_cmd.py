@@ -14,7 +14,8 @@ from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
 from clusterctl.cli.runarg import RootOpt, RunArg, resolve_run
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
-from clusterctl.views.chrometrace import TRACE_BYTES, Summary, build_trace, write_trace, write_trace_file
+from clusterctl.views.chrometrace import Summary, build_trace, write_trace, write_trace_file
+from clusterctl.views.tracewindow import TRACE_BYTES
 
 
 def _summary_line(summary: Summary, attempts: list[int], where: str) -> str:

@@ -16,12 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from clusterctl.config.problems import validate_located
-from clusterctl.config.shipped import shipped_dir
-from clusterctl.config.spec import (
+from clusterctl.config.fieldtypes import (
     ENV_NAME,
     MODULE_NAME,
-    MOUNT,
     RUNS_MODE_DESCRIPTION,
     EnvValue,
     GroupName,
@@ -30,6 +27,9 @@ from clusterctl.config.spec import (
     PositiveInt,
     RunsMode,
 )
+from clusterctl.config.problems import validate_located
+from clusterctl.config.shipped import shipped_dir
+from clusterctl.config.spec import MOUNT
 from clusterctl.config.yamlload import Located, load_yaml
 from clusterctl.errors import OMIT, ConfigError, Problem
 from clusterctl.syntax import hostlist

@@ -8,12 +8,10 @@ planner; rules that need only the spec live here.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -25,51 +23,32 @@ from pydantic import (
     model_validator,
 )
 
+from clusterctl.config.fieldtypes import (
+    ENV_DESCRIPTION,
+    HOST_EXPR,
+    JOB_NAME,
+    MODULE_NAME,
+    RUNS_MODE_DESCRIPTION,
+    SLURM_WORD,
+    EnvName,
+    EnvValue,
+    GroupName,
+    NonNegativeInt,
+    ParamCount,
+    PlainPath,
+    PositiveInt,
+    RunsMode,
+    ScriptText,
+    Seconds,
+    SlurmMinutes,
+)
 from clusterctl.config.problems import validate_located
 from clusterctl.config.yamlload import Located, load_yaml
 from clusterctl.errors import ConfigError, Problem
 from clusterctl.syntax.shellwords import split_command
-from clusterctl.syntax.units import format_duration, parse_count, parse_duration
+from clusterctl.syntax.units import format_duration
 
-# --- reusable field types ----------------------------------------------------
-
-PositiveInt = Annotated[int, Field(gt=0, strict=True)]
-NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
-
-_DURATION_SCHEMA = {
-    "anyOf": [
-        {"type": "integer", "exclusiveMinimum": 0},
-        {"type": "string", "pattern": r"^(\d+(\.\d+)?[smhd]|(\d+-)?\d+(:\d+){0,2})$"},
-    ],
-    "description": "seconds, or a duration such as 90s, 15m, 4h, 1-00:00:00",
-}
-
-Seconds = Annotated[int, PlainValidator(parse_duration), WithJsonSchema(_DURATION_SCHEMA)]
-"""A duration in seconds; bare numbers are seconds."""
-
-SlurmMinutes = Annotated[
-    int,
-    PlainValidator(lambda v: parse_duration(v, bare_unit=60)),
-    WithJsonSchema({**_DURATION_SCHEMA, "description": "Slurm time: minutes, or 4h, 1-00:00:00, HH:MM:SS"}),
-]
-"""A Slurm-style duration in seconds; bare numbers are minutes, as in sbatch."""
-
-ParamCount = Annotated[
-    int,
-    PlainValidator(parse_count),
-    WithJsonSchema(
-        {
-            "anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": r"^\d+(\.\d+)?\s*[kKmMbBtT]?$"}],
-            "description": "parameter count: 7000000000, 7B, 350M",
-        }
-    ),
-]
-
-JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SLURM_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-MODULE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@-]*$")
-HOST_EXPR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
+# --- field types: config/fieldtypes.py; the spec's own constants --------------
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG", "XCPU")
@@ -82,54 +61,6 @@ class Section(BaseModel):
 
     # Numbers given where text is expected (argv items, names) are taken as text.
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
-
-
-def _env_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, (int, float, str)):
-        text = str(value)
-        if "\x00" in text:
-            raise ValueError("expected a string without NUL bytes")
-        return text
-    raise ValueError("expected a string, number or boolean")
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _script_text(value: Any) -> Any:
-    # bash drops a NUL from a word, so the rank would run something other than run.json records.
-    if isinstance(value, str) and "\x00" in value:
-        raise ValueError("expected text without NUL bytes (a shell word cannot carry one)")
-    return value
-
-
-def _plain_path(value: Any) -> Any:
-    if isinstance(value, str):
-        bad = _CONTROL.search(value)
-        if bad:
-            raise ValueError(f"expected a path without control characters (found {bad.group()!r})")
-        if not value.strip():
-            raise ValueError("expected a non-empty path (omit the field for the default)")
-    return value
-
-
-ScriptText = Annotated[str, AfterValidator(_script_text)]
-"""Text that reaches a rendered script: any character a shell word can carry."""
-PlainPath = Annotated[str, AfterValidator(_plain_path)]
-GroupName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")]  # a Unix group, as groupadd takes it
-RunsMode = Literal["private", "group"]
-RUNS_MODE_DESCRIPTION = ("who may read the run directory and checkpoints: `private` (the owner only: 0700/0600)"
-                         " or `group` (read-only for `runs_group` too: 2750/0640)")
-"""A directory path: no control characters (they reach #SBATCH lines and file names)."""
-
-EnvValue = Annotated[str, PlainValidator(_env_value), WithJsonSchema({"type": ["string", "number", "boolean"]})]
-EnvName = Annotated[str, Field(pattern=ENV_NAME.pattern)]
-ENV_DESCRIPTION = (
-    "environment variables (NAME: value); a NAME is an environment variable name: letters, digits and _,"
-    " not starting with a digit"
-)
 
 
 # --- sections ----------------------------------------------------------------
@@ -292,6 +223,20 @@ class Restart(Section):
     preimport: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = Field(
         default_factory=list, description="more modules the warm servers import (lightning, your package; not one"
         " your command runs with -m)")
+
+
+class Elastic(Section):
+    """Keep training in the allocation on fewer nodes when a verdict excludes one and no spare is left."""
+
+    min_nodes: PositiveInt | None = Field(
+        None, description="the fewest nodes the job may shrink to (default: half its nodes, rounded up)")
+    min_dp: PositiveInt | None = Field(None, description="the smallest data-parallel size it may shrink to (instead of"
+                                       " min_nodes)")
+    batch: Literal["keep", "shrink"] = Field(
+        "keep", description="keep: the global batch stays exact through gradient accumulation (a width that cannot"
+        " keep it is not used); shrink: micro x accumulation stays and the global batch follows dp (the learning"
+        " rate is left as it is)")
+    grow: bool = Field(True, description="queue a full-size continuation once nodes are free, and move back to it")
 
 
 class Watchdog(Section):
@@ -517,6 +462,8 @@ class JobSpec(Section):
         default_factory=Checkpoint, description="where, how often and how many checkpoints (the recovery contract)"
     )
     restart: Restart = Field(default_factory=Restart, description="what happens after an attempt fails: mode and budget")
+    elastic: Elastic | None = Field(None, description="shrink data parallelism in the allocation when no spare is left,"
+                                    " and grow back (default: off)")
     watchdog: Watchdog = Field(default_factory=Watchdog, description="hang and straggler detection: timeouts, window, factor")
     preflight: Preflight = Field(default_factory=Preflight, description="checks every rank runs before the rendezvous")
     signal: Signal = Field(default_factory=Signal, description="the pre-timeout signal: which and how long before the time limit")
@@ -569,6 +516,8 @@ def _cross_checks(spec: JobSpec) -> list[Problem]:
     for name in sorted(set(spec.secret_env) & set(spec.env)):
         problems.append(Problem(f"env.{name}", "(a value)", "a name in secret_env takes its value from the submitting"
                                 " environment: remove it from env"))
+    if spec.elastic is not None and spec.elastic.min_nodes is not None and spec.elastic.min_dp is not None:
+        problems.append(Problem("elastic.min_dp", spec.elastic.min_dp, "give min_nodes or min_dp, not both"))
     if spec.hybrid_shard_group is not None and spec.sharding != "hybrid_shard":
         problems.append(
             Problem("hybrid_shard_group", spec.hybrid_shard_group, "only allowed with sharding: hybrid_shard")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from clusterctl.config.spec import Seconds, SlurmMinutes
+from clusterctl.config.fieldtypes import Seconds, SlurmMinutes
 
 
 @dataclass(frozen=True)

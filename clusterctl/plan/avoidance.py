@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from clusterctl.config.fieldtypes import SLURM_WORD
 from clusterctl.config.site import Site, known_nodes
-from clusterctl.config.spec import SLURM_WORD, JobSpec
+from clusterctl.config.spec import JobSpec
 from clusterctl.rundir.suspects import Suspect
 from clusterctl.syntax import hostlist
 

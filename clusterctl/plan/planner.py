@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from clusterctl.config.site import NodeType, Site, known_nodes
 from clusterctl.config.spec import JobSpec
 from clusterctl.errors import OMIT, ConfigError, Problem
+from clusterctl.plan.avoidance import SuspectChoice, choose_suspects, excluding
 from clusterctl.plan.batch import BatchPlan, bubble_fraction, plan_batch
+from clusterctl.plan.elastic import ElasticPlan, plan_elastic
 from clusterctl.plan.hostmemory import SnapshotCost, snapshot_check
 from clusterctl.plan.interval import IntervalAdvice, advise
 from clusterctl.plan.memory import MemoryEstimate, MemoryInputs, count_params, estimate_memory
 from clusterctl.plan.ranks import GROUP_KINDS, RankLayout
 from clusterctl.plan.segments import BOUND, Segments, bound_kinds, plan_segments
-from clusterctl.plan.avoidance import SuspectChoice, choose_suspects, excluding
 from clusterctl.plan.traffic import GroupTraffic, gpu_rails, group_rails, group_traffic
 from clusterctl.rundir import secretenv
 from clusterctl.rundir.suspects import Suspect
@@ -60,6 +61,7 @@ class Plan:
     segments: Segments | None = None  # on a block site: the segments that keep NVLink-bound groups in one block
     snapshots: SnapshotCost | None = None  # checkpoint.memory_interval's host memory
     memory_interval: int = 0  # checkpoint.memory_interval resolved (auto: 1 where it is known to fit)
+    elastic: ElasticPlan | None = None  # the smaller widths an elastic job may shrink to (plan/elastic.py)
 
     @property
     def world_size(self) -> int:
@@ -117,6 +119,7 @@ class Plan:
             "snapshots": {**self.snapshots.as_dict(), "interval": self.memory_interval} if self.snapshots else None,
             "checkpoint": self.checkpoint.as_dict() if self.checkpoint else None,
             "segments": self.segments.as_dict() if self.segments else None,
+            "elastic": self.elastic.as_dict() if self.elastic else None,
             "warnings": self.warnings,
         }
 
@@ -171,6 +174,15 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
                                                                    node_type.host_memory_gb, warnings)
     if snapshot_problems:
         raise ConfigError(source, snapshot_problems)
+    elastic = None
+    if spec.elastic is not None:
+        found = plan_elastic(spec.elastic, dims.nodes, gpn, layout.tp * layout.cp * layout.pp, layout.ep, layout.cp, batch,
+                             lambda dp, shrunk: _memory(spec, node_type, _with_dp(layout, dp), shrunk))
+        if isinstance(found, list):
+            raise ConfigError(source, found)
+        elastic = found
+        warnings.append("elastic: the widths below are planned and checked, but this version does not shrink at run"
+                        " time yet: a node lost with no spare left still continues in a new job (docs/guide/recovery.md)")
     for name in secretenv.suspicious(spec.env):
         warnings.append(f"env.{name} looks like a secret, and env values are written to spec.yaml and job.sbatch:"
                         f" list {name} in secret_env instead (its value is then taken from the submitting environment)")
@@ -201,7 +213,12 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
         segments=segments,
         snapshots=snapshots,
         memory_interval=memory_interval,
+        elastic=elastic,
     )
+
+
+def _with_dp(layout: RankLayout, dp: int) -> RankLayout:
+    return RankLayout(tp=layout.tp, cp=layout.cp, dp=dp, pp=layout.pp, ep=layout.ep)
 
 
 def _resolve_dims(spec: JobSpec, node_type: NodeType, problems: list[Problem]) -> Dims | None:

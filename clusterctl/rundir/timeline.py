@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 PHASE = "phase"
 STEP = "step"
@@ -106,6 +106,23 @@ def read(path: Path) -> Iterator[dict[str, Any]]:
             rec = parse(line)
             if rec is not None:
                 yield rec
+
+
+def line_chunks(fh: BinaryIO, length: int, chunk: int) -> Iterator[bytes]:
+    """The next `length` bytes of a file opened in binary, in pieces of about `chunk` bytes that each end at a line's
+    end (the last one at `length`): for readers that scan gigabytes a piece at a time."""
+    left, rest = length, b""
+    while left > 0:
+        buf = fh.read(min(chunk, left))
+        if not buf:
+            break
+        left -= len(buf)
+        buf = rest + buf
+        cut = buf.rfind(b"\n") + 1 if left > 0 else len(buf)
+        rest = buf[cut:]
+        yield buf[:cut]
+    if rest:
+        yield rest
 
 
 def tail(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:

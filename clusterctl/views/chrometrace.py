@@ -25,12 +25,10 @@ Timestamps are integer microseconds from the trace's earliest event (otherData.o
 The timeline is read in one pass with state per rank only, so a timeline of millions
 of lines costs memory in proportion to the ranks, not the lines.
 
-Window: a large job's timeline grows about 1 GB an hour, which no trace viewer
-opens with ease. Past TRACE_BYTES over the attempts traced, each attempt
-shows its last part (its share of TRACE_BYTES, by size): the minutes before
-its end, where its verdict is. Its deaths, lost nodes and verdicts come from
-all of it (a byte search), and otherData.window says where each window
-starts. `whole=True` (`trace --all`) writes everything.
+Window: past views/tracewindow.py's TRACE_BYTES, each attempt shows its last
+part, with its deaths, lost nodes and verdicts from all of it;
+otherData.window says where each window starts. `whole=True` (`trace --all`)
+writes everything.
 """
 
 from __future__ import annotations
@@ -49,13 +47,12 @@ from clusterctl.rundir import RunDir, attemptjson, history, rankmanifest, timeli
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.attemptjson import AttemptJson
 from clusterctl.rundir.verdict import Verdict
+from clusterctl.views import tracewindow
 
 ORIGIN_SCAN_LINES = 2000  # lines of each timeline read ahead to find the earliest timestamp
 BATCH = 4096  # events handed on (and encoded) together
 STEP_BUFFER_MAX = 4096  # phases held back per rank until their step slice is written (then flushed anyway)
 MIN_STRIDE = 1000
-TRACE_BYTES = 1 << 26  # the timelines' bytes traced in full; past it, each attempt's last share of this much
-RARE_MARKS = (b'"kind": "gone"', b'"kind": "verdict"', b'"kind": "node_lost"')  # read from before a window too
 STARTUP = "startup"  # the slice from a rank's process start (manifest timings) to its first phase
 
 
@@ -230,50 +227,8 @@ class Trace:
             self.attempts.append(_Attempt(found.number, index * self.stride, hosts, _manifest_ranks(manifest), verdict, mine,
                                           found.cancelled_by))
         self.origin = self._origin([info for _, info, _ in loaded])
-        self.starts = {} if whole else self._windows()
-
-    def _windows(self) -> dict[int, int]:
-        """Attempt -> the byte its window starts at (a line start), for attempts whose timeline is not traced whole."""
-        sizes = {}
-        for att in self.attempts:
-            try:
-                sizes[att.number] = (self.run.attempt(att.number) / rundir.TIMELINE).stat().st_size
-            except OSError:
-                continue
-        total = sum(sizes.values())
-        if total <= TRACE_BYTES:
-            return {}
-        starts = {}
-        for number, size in sizes.items():
-            share = TRACE_BYTES * size // total
-            with open(self.run.attempt(number) / rundir.TIMELINE, "rb") as fh:
-                fh.seek(max(0, size - share - 1))
-                fh.readline()
-                starts[number] = fh.tell() if size - share > 0 else 0
-            if starts[number] > 0:
-                self.summary.windows[number] = (starts[number], size)
-        return starts
-
-    def _lines(self, fh: TextIO, att: _Attempt) -> Iterator[str]:
-        """The attempt's lines as traced: before its window only deaths, lost nodes and verdicts, then every line."""
-        start = self.starts.get(att.number, 0)
-        if start:
-            raw = fh.buffer
-            left, rest = start, b""
-            while left > 0:
-                buf = raw.read(min(1 << 24, left))
-                if not buf:
-                    break
-                left -= len(buf)
-                buf = rest + buf
-                cut = buf.rfind(b"\n") + 1 if left > 0 else len(buf)
-                rest, buf = buf[cut:], buf[:cut]
-                if any(mark in buf for mark in RARE_MARKS):
-                    for line in buf.split(b"\n"):
-                        if any(mark in line for mark in RARE_MARKS):
-                            yield line.decode("utf-8", "replace")
-            raw.seek(start)
-        yield from fh
+        self.starts = {} if whole else tracewindow.starts(self.run, [a.number for a in self.attempts])
+        self.summary.windows = {n: (at, tracewindow.size(self.run, n)) for n, at in self.starts.items()}
 
     def _origin(self, infos: list[AttemptJson]) -> float:
         """The earliest timestamp known before streaming: events, attempt starts, rank starts, verdicts, each timeline's head."""
@@ -356,7 +311,7 @@ class Trace:
         except OSError:
             return
         with fh:
-            for line in self._lines(fh, att):
+            for line in tracewindow.lines(fh, self.starts.get(att.number, 0)):
                 record = parse(line)
                 if record is None:
                     summary.skipped_lines += 1

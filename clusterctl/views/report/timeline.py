@@ -329,19 +329,8 @@ def _read_range(path: str, start: int, stop: int, part: int = 0, rare_only: bool
     read = _rare_lines if rare_only else _chunk
     with open(path, "rb") as fh:
         fh.seek(start)
-        left = stop - start
-        rest = b""
-        while left > 0:
-            buf = fh.read(min(CHUNK, left))
-            if not buf:
-                break
-            left -= len(buf)
-            buf = rest + buf
-            cut = buf.rfind(b"\n") + 1 if left > 0 else len(buf)
-            rest = buf[cut:]
-            slow += read(buf[:cut], parts) or 0
-        if rest:
-            slow += read(rest, parts) or 0
+        for piece in timeline.line_chunks(fh, stop - start, CHUNK):
+            slow += read(piece, parts) or 0
     phases = sum(a.size for a in parts[0])
     return (*parts[:8], slow, parts[9], [np.full(phases, part, np.int32)])  # type: ignore[return-value]
 
