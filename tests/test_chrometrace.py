@@ -379,6 +379,13 @@ def test_a_timeline_too_large_to_trace_whole_shows_its_end_and_every_death(tmp_p
                 fh.write(json.dumps({"t": at, "kind": "gone", "rank": 3, "node": HOSTS[1], "pid": 103, "at": at}) + "\n")
     size = timeline.stat().st_size
     monkeypatch.setattr("clusterctl.views.tracewindow.TRACE_BYTES", size // 4)
+    searched = check_trace(render(run, 2))  # no marks file (a run written before it): the bytes before are searched
+    assert _instant(searched, "rank 3 gone")
+    marks = timeline.with_name("timeline-marks.jsonl")
+    data = timeline.read_bytes()
+    offset = data.rfind(b"\n", 0, data.index(b'"kind": "gone"')) + 1
+    died = json.loads(data[offset:data.index(b"\n", offset)])
+    marks.write_text(json.dumps({"offset": offset, **died, "pid": 999}) + "\n")  # as the writer keeps it (another pid)
     doc = render(run, 2)
     events = check_trace(doc)
     window = doc["otherData"]["window"]["2"]
@@ -387,7 +394,8 @@ def test_a_timeline_too_large_to_trace_whole_shows_its_end_and_every_death(tmp_p
     first_step = min(e["args"]["step"] for e in phases)
     shown = {e["tid"] for e in phases}
     assert shown == {0, 1, 2}, shown
-    assert _instant(events, "rank 3 gone")["ts"] < min(e["ts"] for e in phases)
+    gone = _instant(events, "rank 3 gone")
+    assert gone["ts"] < min(e["ts"] for e in phases) and gone["args"]["pid"] == 999, gone  # read from the marks file
     assert first_step > 0.6 * steps, first_step
     result = cli("trace", run.path, "--attempt", "2", "-o", "-")
     assert result.exit_code == 0 and "--all" in result.stderr and "attempt 2: its last" in result.stderr, result.stderr

@@ -94,6 +94,25 @@ def test_the_timeline_writers_lines_match_the_reports_patterns(tmp_path: Path) -
     assert report_timeline._PHASE_NO_AT.findall(no_at) == [(b"1.5", b"3", b"idle")]
 
 
+def test_the_marks_file_holds_every_death_lost_node_and_verdict_with_its_offset_in_the_timeline(tmp_path: Path) -> None:
+    path = tmp_path / "timeline.jsonl"
+    writer = timeline.TimelineWriter(path)
+    writer.write(timeline.PHASE, 1.5, rank=3, node="nöde2", step=7, phase="forward", at=1.25)
+    writer.write(timeline.GONE, 3.5, rank=3, node="nöde2", pid=77, at=3.25)
+    writer.write(timeline.GPU, 3.6, node="n1", gpus={"0": {"temp": 50}})
+    writer.write(timeline.NODE_LOST, 3.7, node="n1")
+    writer.close()
+    writer = timeline.TimelineWriter(path)  # the next writer of the same attempt (a restarted watch server) appends
+    writer.write(timeline.VERDICT, 4.0, code=82, message="hang: rank 3 …")
+    writer.close()
+    marked = timeline.marks(path)
+    assert [rec["kind"] for _, rec in marked] == ["gone", "node_lost", "verdict"]
+    data = path.read_bytes()
+    for offset, rec in marked:
+        assert json.loads(data[offset:data.index(b"\n", offset)]) == rec
+    assert timeline.marks(tmp_path / "older" / "timeline.jsonl") is None  # a run written before the marks file
+
+
 def test_the_metrics_writers_lines_match_the_reports_pattern(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     writer = metrics.MetricsWriter(path)

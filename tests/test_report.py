@@ -385,9 +385,16 @@ def test_a_timeline_past_the_budget_is_read_in_stretches_with_every_death_and_ve
     size = path.stat().st_size
     with path.open("a") as fh:  # a death in the middle of a gap: found by the byte search, not a stretch
         fh.write(json.dumps({"t": 1.0, "kind": "gone", "rank": 7, "node": "node4", "pid": 9, "at": 1.0}) + "\n")
+    marks = path.with_name("timeline-marks.jsonl")
+    with marks.open("a") as fh:  # and in the marks file, where the writer puts it too
+        fh.write(json.dumps({"offset": size, "t": 1.0, "kind": "gone", "rank": 7, "node": "node4", "pid": 9, "at": 1.0}) + "\n")
     whole, part = read_timeline(path), read_timeline(path, size // 4)
     assert whole.read_share == 1 and 0.2 < part.read_share < 0.3, part.read_share
     assert part.gone == whole.gone and part.verdicts == whole.verdicts and 7 in part.gone
+    marks.rename(marks.with_suffix(".aside"))  # a run written before the marks file: the bytes between are searched
+    searched = read_timeline(path, size // 4)
+    assert searched.gone == whole.gone and 7 in searched.gone
+    marks.with_suffix(".aside").rename(marks)
     steps = set(part.step_step.tolist())
     assert steps < set(whole.step_step.tolist())
     assert {int(whole.step_step.min()), int(whole.step_step.max())} <= steps, "the warm-up's and the end's steps are read"

@@ -19,6 +19,7 @@
         .token                 the attempt's secret, the owner's only (0600) whatever runs_mode
         manifest.json          every rank's registration
         timeline.jsonl         phase changes, step times, deaths, GPU samples as received (see runtime/controller/watchserver.py)
+        timeline-marks.jsonl   its deaths, lost nodes and verdicts again, each with its byte offset there (rundir/timeline.py)
         verdict.json           the controller's verdict: culprits, victims, evidence
         srun.log               srun's own lines (task N: Killed, ...), the blame's evidence
         stacks/rank-<R>.txt    Python stacks a rank dumped when a hang was called
@@ -62,6 +63,7 @@ ATTEMPT_PREFIX = "attempt-"
 ATTEMPT_JSON = "attempt.json"
 MANIFEST = "manifest.json"
 TIMELINE = "timeline.jsonl"
+TIMELINE_MARKS = "timeline-marks.jsonl"
 VERDICT = "verdict.json"
 LOGS = "logs"
 SRUN_LOG = "srun.log"

@@ -16,6 +16,13 @@ json.loads a line; a line in another order is still read, line by line.
 The file's first record also carries `format`, this layout's version (files
 written before it have none).
 
+Deaths, lost nodes and verdicts (MARKS) are written a second time to
+timeline-marks.jsonl beside it, each line `{"offset": <its byte offset in
+timeline.jsonl>, ...the record}`: a large job's timeline grows about 1 GB an
+hour, and the report and trace read only part of it, so they find these few
+records there instead of searching every byte (`marks`). Runs written before
+the marks file have none; their readers search.
+
 Phases are those of the heartbeat: start, forward, backward, optimizer,
 collective, save, eval, idle.
 """
@@ -28,6 +35,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from clusterctl.rundir.layout import TIMELINE_MARKS
+
 PHASE = "phase"
 STEP = "step"
 GONE = "gone"
@@ -35,6 +44,7 @@ GPU = "gpu"
 NODE_LOST = "node_lost"
 VERDICT = "verdict"
 FORMAT = 2  # 1: files written before the first line said so (same records)
+MARKS = frozenset({GONE, NODE_LOST, VERDICT})  # the rare kinds timeline-marks.jsonl holds too
 
 LAYOUT: dict[str, tuple[str, ...]] = {
     PHASE: ("t", "kind", "rank", "node", "step", "phase", "at", "format"),
@@ -66,18 +76,26 @@ class TimelineWriter:
 
     def __init__(self, path: Path) -> None:
         self._fh: TextIO = open(path, "a", encoding="utf-8")
-        self._first = self._fh.tell() == 0
+        self._offset = self._fh.tell()
+        self._first = self._offset == 0
+        self._marks: TextIO = open(path.with_name(TIMELINE_MARKS), "a", encoding="utf-8")
 
     def write(self, kind: str, t: float, **fields: Any) -> None:
         if self._first:
             fields["format"], self._first = FORMAT, False
-        self._fh.write(json.dumps(record(kind, t, **fields)) + "\n")
+        line = json.dumps(record(kind, t, **fields)) + "\n"
+        if kind in MARKS:
+            self._marks.write(f'{{"offset": {self._offset}, {line[1:]}')
+        self._fh.write(line)
+        self._offset += len(line)  # json.dumps writes ASCII: one byte a character
 
     def flush(self) -> None:
         self._fh.flush()
+        self._marks.flush()
 
     def close(self) -> None:
         self._fh.close()
+        self._marks.close()
 
 
 _decode = json.JSONDecoder().raw_decode
@@ -106,6 +124,25 @@ def read(path: Path) -> Iterator[dict[str, Any]]:
             rec = parse(line)
             if rec is not None:
                 yield rec
+
+
+def marks(path: Path) -> list[tuple[int, dict[str, Any]]] | None:
+    """The deaths, lost nodes and verdicts of timeline.jsonl at `path`, each with its byte offset there, from the marks
+    file beside it; None where there is none (a run written before it: search the timeline instead)."""
+    try:
+        fh = open(path.with_name(TIMELINE_MARKS), encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = []
+    with fh:
+        for line in fh:
+            rec = parse(line)
+            if rec is None:
+                continue
+            offset = rec.pop("offset", None)
+            if offset.__class__ is int and rec.get("kind") in MARKS:
+                found.append((offset, rec))
+    return found
 
 
 def line_chunks(fh: BinaryIO, length: int, chunk: int) -> Iterator[bytes]:

@@ -222,6 +222,12 @@ def _write_attempt(
                     chunk.append(_PHASE % (rx + SAVE_S, r, node, s, "idle", done + SAVE_S))
             fh.write("".join(chunk))
         end = float(begins[-1] + wall[-1])
+        marks = []
+        offset = fh.tell()
         for r in range(ranks):
-            fh.write(json.dumps({"t": end + 0.5, "kind": "gone", "rank": r, "node": node_of[r], "pid": 1000 + r, "at": end + 0.4}) + "\n")
+            line = json.dumps({"t": end + 0.5, "kind": "gone", "rank": r, "node": node_of[r], "pid": 1000 + r, "at": end + 0.4}) + "\n"
+            fh.write(line)
+            marks.append(f'{{"offset": {offset}, {line[1:]}')  # the marks file as rundir/timeline.py's writer keeps it
+            offset += len(line)
+    (adir / rundir.TIMELINE_MARKS).write_text("".join(marks), encoding="utf-8")
     return end

@@ -311,7 +311,8 @@ class Trace:
         except OSError:
             return
         with fh:
-            for line in tracewindow.lines(fh, self.starts.get(att.number, 0)):
+            path = self.run.attempt(att.number) / rundir.TIMELINE
+            for line in tracewindow.lines(fh, self.starts.get(att.number, 0), path):
                 record = parse(line)
                 if record is None:
                     summary.skipped_lines += 1

@@ -4,13 +4,16 @@ A large job's timeline grows about 1 GB an hour (docs/admin/scale.md), which
 no trace viewer opens with ease. Past TRACE_BYTES over the attempts traced,
 each attempt shows its last part, its share of TRACE_BYTES by size: the
 minutes before its end, where its verdict is. Before that part only its
-deaths, lost nodes and verdicts are read, picked out by a byte search that
-costs a fraction of parsing.
+deaths, lost nodes and verdicts are read: from the marks file beside the
+timeline (rundir/timeline.py), or, for a run written before it, by a byte
+search that costs a fraction of parsing.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TextIO
 
 from clusterctl import rundir
@@ -47,9 +50,16 @@ def starts(run: RunDir, attempts: list[int]) -> dict[int, int]:
     return found
 
 
-def lines(fh: TextIO, start: int) -> Iterator[str]:
-    """The timeline's lines as traced: before byte `start` only deaths, lost nodes and verdicts, then every line."""
-    if start:
+def lines(fh: TextIO, start: int, path: Path) -> Iterator[str]:
+    """The timeline's lines as traced: before byte `start` only deaths, lost nodes and verdicts (from the marks file
+    beside `path`, else a byte search), then every line."""
+    marked = timeline.marks(path) if start else None
+    if marked is not None:
+        for offset, rec in marked:
+            if offset < start:
+                yield json.dumps(rec)
+        fh.buffer.seek(start)
+    elif start:
         for buf in timeline.line_chunks(fh.buffer, start, SEARCH_CHUNK):
             if any(mark in buf for mark in RARE_MARKS):
                 for line in buf.split(b"\n"):

@@ -14,9 +14,9 @@ part each, when the machine has more than one core.
 A timeline is bounded in lines per hour, not in hours: a large job's sample
 writes about 1 GB an hour (docs/admin/scale.md). Past READ_BYTES, an
 attempt's file is read in STRETCHES evenly spaced stretches, the first at
-its start (the warm-up), the last at its end (a fault), READ_BYTES in all; between them only
-the deaths and verdicts are picked out, by a byte search that costs a
-fraction of parsing. A phase's duration never bridges two stretches, and
+its start (the warm-up), the last at its end (a fault), READ_BYTES in all;
+the deaths and verdicts come from the marks file beside it (rundir/timeline.py),
+or, for a run written before it, a byte search between the stretches. A phase's duration never bridges two stretches, and
 `Timeline.read_share` says how much was parsed, so the report can say so.
 """
 
@@ -401,9 +401,11 @@ def read_timeline(path: Path, share: int | None = None) -> Timeline:
         return Timeline()
     budget = READ_BYTES if share is None else share
     workers = min(_workers(), 8)
+    marked = timeline.marks(path) if size > budget else None
     if size > budget:
         pieces = _stretches(path, size, budget)
-        parsed, searched = [p for p in pieces if not p[3]], [p for p in pieces if p[3]]
+        parsed = [p for p in pieces if not p[3]]
+        searched = [p for p in pieces if p[3]] if marked is None else []  # the marks file has what they hold
         n = workers if size >= PARALLEL_BYTES and workers > 1 else 1
         tasks = [parsed[i::n] + searched[i::n] for i in range(n)]  # each worker as much parsing as the next
     elif size >= PARALLEL_BYTES and workers > 1:
@@ -416,9 +418,23 @@ def read_timeline(path: Path, share: int | None = None) -> Timeline:
         return Timeline()
     tl = _merge(results)
     tl.size = size
+    if marked is not None:
+        tl.gone, tl.verdicts = {}, []
+        _marks_into(marked, tl)
     if size > budget:
         tl.read_share = sum(b - a for a, b, _, _ in parsed) / size
     return tl
+
+
+def _marks_into(marked: list[tuple[int, dict[str, Any]]], tl: Timeline) -> None:
+    """The deaths and verdicts of the marks file (rundir/timeline.py), as _rare reads them from the timeline."""
+    for _, rec in marked:
+        if rec.get("kind") == "gone" and rec.get("rank").__class__ is int:
+            when = rec.get("at", rec.get("t"))
+            if isinstance(when, (int, float)):
+                tl.gone[rec["rank"]] = float(when)
+        elif rec.get("kind") == "verdict":
+            tl.verdicts.append(rec)
 
 
 def _run(path: str, tasks: list[list[tuple[int, int, int, bool]]]) -> list[Parts]:
