@@ -13,8 +13,8 @@ report --json` and `clusterctl trace` on it as a user runs them, each in its
 own process: wall seconds and peak RSS (the largest process, its forked
 timeline readers included, as the kernel counts them). Both read a bounded
 number of bytes (the report 256 MB in stretches, the trace each attempt's
-last 64 MB) and pick deaths and verdicts out of the rest, so `--minutes`
-longer than an hour should cost little more.
+last 64 MB) and take deaths and verdicts from the marks file, so `--minutes`
+longer than an hour costs no more.
 
 Target (the scale issue): each under 10 s on a 16k-rank run's timeline.
 
