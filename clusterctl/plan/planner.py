@@ -7,7 +7,7 @@ it, so a bad job is rejected before anything is written or submitted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clusterctl.config.site import NodeType, Site, known_nodes
 from clusterctl.config.spec import JobSpec
@@ -177,7 +177,7 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
     elastic = None
     if spec.elastic is not None:
         found = plan_elastic(spec.elastic, dims.nodes, gpn, layout.tp * layout.cp * layout.pp, layout.ep, layout.cp, batch,
-                             lambda dp, shrunk: _memory(spec, node_type, _with_dp(layout, dp), shrunk))
+                             lambda dp, shrunk: _memory(spec, node_type, replace(layout, dp=dp), shrunk))
         if isinstance(found, list):
             raise ConfigError(source, found)
         elastic = found
@@ -215,10 +215,6 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
         memory_interval=memory_interval,
         elastic=elastic,
     )
-
-
-def _with_dp(layout: RankLayout, dp: int) -> RankLayout:
-    return RankLayout(tp=layout.tp, cp=layout.cp, dp=dp, pp=layout.pp, ep=layout.ep)
 
 
 def _resolve_dims(spec: JobSpec, node_type: NodeType, problems: list[Problem]) -> Dims | None:

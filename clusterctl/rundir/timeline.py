@@ -85,7 +85,7 @@ class TimelineWriter:
             fields["format"], self._first = FORMAT, False
         line = json.dumps(record(kind, t, **fields)) + "\n"
         if kind in MARKS:
-            self._marks.write(f'{{"offset": {self._offset}, {line[1:]}')
+            self._marks.write(mark_line(self._offset, line))
         self._fh.write(line)
         self._offset += len(line)  # json.dumps writes ASCII: one byte a character
 
@@ -124,6 +124,11 @@ def read(path: Path) -> Iterator[dict[str, Any]]:
             rec = parse(line)
             if rec is not None:
                 yield rec
+
+
+def mark_line(offset: int, line: str) -> str:
+    """A marks file's line: the timeline's `line` (a record, newline-terminated) with `offset` put first."""
+    return f'{{"offset": {offset}, {line[1:]}'
 
 
 def marks(path: Path) -> list[tuple[int, dict[str, Any]]] | None:

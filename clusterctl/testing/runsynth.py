@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from clusterctl import rundir
-from clusterctl.rundir import RunDir, history, jobid
+from clusterctl.rundir import RunDir, history, jobid, timeline
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.runjson import CheckpointRecord, RunJson
 from clusterctl.rundir.verdict import Verdict
@@ -227,7 +227,7 @@ def _write_attempt(
         for r in range(ranks):
             line = json.dumps({"t": end + 0.5, "kind": "gone", "rank": r, "node": node_of[r], "pid": 1000 + r, "at": end + 0.4}) + "\n"
             fh.write(line)
-            marks.append(f'{{"offset": {offset}, {line[1:]}')  # the marks file as rundir/timeline.py's writer keeps it
+            marks.append(timeline.mark_line(offset, line))  # the marks file as the writer keeps it
             offset += len(line)
     (adir / rundir.TIMELINE_MARKS).write_text("".join(marks), encoding="utf-8")
     return end

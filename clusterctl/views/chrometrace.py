@@ -227,8 +227,7 @@ class Trace:
             self.attempts.append(_Attempt(found.number, index * self.stride, hosts, _manifest_ranks(manifest), verdict, mine,
                                           found.cancelled_by))
         self.origin = self._origin([info for _, info, _ in loaded])
-        self.starts = {} if whole else tracewindow.starts(self.run, [a.number for a in self.attempts])
-        self.summary.windows = {n: (at, tracewindow.size(self.run, n)) for n, at in self.starts.items()}
+        self.summary.windows = {} if whole else tracewindow.starts(self.run, [a.number for a in self.attempts])
 
     def _origin(self, infos: list[AttemptJson]) -> float:
         """The earliest timestamp known before streaming: events, attempt starts, rank starts, verdicts, each timeline's head."""
@@ -312,7 +311,7 @@ class Trace:
             return
         with fh:
             path = self.run.attempt(att.number) / rundir.TIMELINE
-            for line in tracewindow.lines(fh, self.starts.get(att.number, 0), path):
+            for line in tracewindow.lines(fh, self.summary.windows.get(att.number, (0, 0))[0], path):
                 record = parse(line)
                 if record is None:
                     summary.skipped_lines += 1
@@ -419,7 +418,7 @@ class Trace:
             self._thread(pid, rank, record.get("gpu"))
             timings = _timings(record)
             started = _num(timings.get("started"))
-            if started is not None and not self.starts.get(att.number):  # a window starts long after the ranks did
+            if started is not None and att.number not in self.summary.windows:  # a window starts long after the ranks did
                 lane = lanes[rank] = _Lane(pid, rank)
                 lane.phase, lane.phase_start, lane.phase_cat = STARTUP, self.us(started), "startup"
                 lane.phase_args = {str(k): round(v - started, 6) for k, v in timings.items() if k != "started" and _num(v) is not None}

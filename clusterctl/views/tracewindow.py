@@ -32,8 +32,8 @@ def size(run: RunDir, attempt: int) -> int:
         return 0
 
 
-def starts(run: RunDir, attempts: list[int]) -> dict[int, int]:
-    """Attempt -> the byte its window starts at (a line start), for the attempts not traced whole."""
+def starts(run: RunDir, attempts: list[int]) -> dict[int, tuple[int, int]]:
+    """Attempt -> (the byte its window starts at, a line start; the file's size), for the attempts not traced whole."""
     sizes = {n: size(run, n) for n in attempts}
     total = sum(sizes.values())
     if total <= TRACE_BYTES:
@@ -46,7 +46,7 @@ def starts(run: RunDir, attempts: list[int]) -> dict[int, int]:
         with open(run.attempt(number) / rundir.TIMELINE, "rb") as fh:
             fh.seek(length - share - 1)
             fh.readline()
-            found[number] = fh.tell()
+            found[number] = (fh.tell(), length)
     return found
 
 

@@ -104,8 +104,12 @@ def _rare(line: bytes, gone: dict[int, float], verdicts: list[dict[str, Any]]) -
         rec = json.loads(line)
     except ValueError:
         return
-    if not isinstance(rec, dict):
-        return
+    if isinstance(rec, dict):
+        _rare_record(rec, gone, verdicts)
+
+
+def _rare_record(rec: dict[str, Any], gone: dict[int, float], verdicts: list[dict[str, Any]]) -> None:
+    """A gone record into `gone` (rank -> when its process ended), a verdict record into `verdicts`."""
     if rec.get("kind") == "gone" and isinstance(rec.get("rank"), int):
         when = rec.get("at", rec.get("t"))
         if isinstance(when, (int, float)):
@@ -418,23 +422,13 @@ def read_timeline(path: Path, share: int | None = None) -> Timeline:
         return Timeline()
     tl = _merge(results)
     tl.size = size
-    if marked is not None:
+    if marked is not None:  # the marks file's deaths and verdicts, not the stretches' share of them
         tl.gone, tl.verdicts = {}, []
-        _marks_into(marked, tl)
+        for _, rec in marked:
+            _rare_record(rec, tl.gone, tl.verdicts)
     if size > budget:
         tl.read_share = sum(b - a for a, b, _, _ in parsed) / size
     return tl
-
-
-def _marks_into(marked: list[tuple[int, dict[str, Any]]], tl: Timeline) -> None:
-    """The deaths and verdicts of the marks file (rundir/timeline.py), as _rare reads them from the timeline."""
-    for _, rec in marked:
-        if rec.get("kind") == "gone" and rec.get("rank").__class__ is int:
-            when = rec.get("at", rec.get("t"))
-            if isinstance(when, (int, float)):
-                tl.gone[rec["rank"]] = float(when)
-        elif rec.get("kind") == "verdict":
-            tl.verdicts.append(rec)
 
 
 def _run(path: str, tasks: list[list[tuple[int, int, int, bool]]]) -> list[Parts]:
