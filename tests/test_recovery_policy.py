@@ -295,3 +295,31 @@ def test_a_requeue_slurm_refuses_stops_the_run_and_says_why(tmp_path, capsys, mo
     assert [n["how"] for n in nexts] == ["stop"]
     assert "requeue failed: scontrol requeue 6 failed: Requeue of job disabled" in nexts[0]["reason"]
     assert "requeue failed" in captured.err
+
+
+def test_an_elastic_job_with_no_spare_left_shrinks_to_its_largest_planned_width_on_the_survivors() -> None:
+    four = ("n1", "n2", "n3", "n4")
+    lost = Ended(ExitCode.NODE_LOST, ("n3",), 10, "n3 lost")
+    d = decide(lost, situation(allocation=four, rank_hosts=four, nodes=4, widths=(3, 2)), Policy())
+    assert (d.action, d.hosts, d.shrunk, d.exclude, d.counted) == ("restart", ["n1", "n2", "n4"], (4, 3), ["n3"], True)
+    assert "shrinking in the allocation from 4 to 3 nodes" in d.reason
+    # A width the plan refused (3 nodes: say the batch did not divide) is never used: 2 of the 3 survivors.
+    d = decide(lost, situation(allocation=four, rank_hosts=four, nodes=4, widths=(2,)), Policy())
+    assert (d.action, d.hosts, d.shrunk) == ("restart", ["n1", "n2"], (4, 2))
+    # Below the floor: a new job, as without elastic, saying so.
+    two_left = situation(allocation=four, rank_hosts=("n1", "n2", "n4"), nodes=4, widths=(3,), excluded=("n3",))
+    d = decide(Ended(ExitCode.NODE_LOST, ("n4",), 20), two_left, Policy())
+    assert d.action == "continue" and "not even its smallest width, 3 nodes" in d.reason
+    # A spare still wins over shrinking.
+    d = decide(lost, situation(allocation=(*four, "n5"), rank_hosts=four, nodes=4, widths=(3, 2)), Policy())
+    assert (d.action, d.shrunk, d.replaced) == ("restart", None, {"n3": "n5"})
+
+
+def test_a_shrink_keeps_each_model_parallel_group_in_one_nvlink_domain() -> None:
+    four = ("a1", "a2", "b1", "b2")
+    domain = {"a1": "A", "a2": "A", "b1": "B", "b2": "B"}
+    lost = Ended(ExitCode.NODE_LOST, ("a2",), 10)
+    # Groups of two nodes: a1 with b1 would span two domains, so 2 nodes means b1, b2; 3 nodes cannot be whole.
+    d = decide(lost, situation(allocation=four, rank_hosts=four, nodes=4, widths=(3, 2), domain=domain, group_nodes=2),
+               Policy())
+    assert d.action == "restart" and d.hosts == ["b1", "b2"], d

@@ -271,7 +271,7 @@ def test_wrapper_rejects_a_task_count_that_is_not_the_plan(tmp_path: Path) -> No
     env = {"PATH": os.environ["PATH"], "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS": "3"}
     out = subprocess.run(["bash", str(wrapper)], env=env, capture_output=True, text=True)
     assert out.returncode == 80
-    assert "srun started 3 tasks, the plan has 4" in out.stderr
+    assert "srun started 3 tasks, the attempt has 4 (2 nodes)" in out.stderr
     env.update(SLURM_NTASKS="4", SLURM_PROCID="2", SLURM_LOCALID="0", SLURM_NODEID="0")
     out = subprocess.run(["bash", str(wrapper)], env=env, capture_output=True, text=True)
     assert out.returncode == 80 and "rank 2 landed on node slot 0" in out.stderr

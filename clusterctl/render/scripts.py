@@ -32,6 +32,7 @@ from clusterctl.rundir.access import GROUP, Access
 from clusterctl.rundir.runjson import (
     BatchRecord,
     CheckpointRecord,
+    ElasticRecord,
     NodeTypeRecord,
     Parallel,
     PreflightRecord,
@@ -40,6 +41,7 @@ from clusterctl.rundir.runjson import (
     RunJson,
     SignalRecord,
     WatchdogRecord,
+    WidthRecord,
 )
 from clusterctl.syntax import hostlist
 from clusterctl.syntax.ports import FNV_OFFSET, FNV_PRIME
@@ -320,7 +322,6 @@ def _wrapper_context(plan: Plan, run_dir: Path, parts: _Parts, common: dict[str,
         "visibility_var": VISIBILITY_VAR[node_type.gpu_vendor],
         "tp": layout.tp,
         "cp": layout.cp,
-        "dp": layout.dp,
         "pp": layout.pp,
         "ep": layout.ep,
         "coord": {axis: envnames.coord_var(axis) for axis in envnames.COORDS},
@@ -395,6 +396,7 @@ def build_run_json(
             binding=tuple(row.as_dict() for row in table),
         ),
         batch=BatchRecord(micro=plan.batch.micro, grad_accum=plan.batch.grad_accum, global_=plan.batch.global_batch),
+        elastic=_elastic_record(plan),
         seq_len=spec.seq_len,
         model=spec.model.model_dump(mode="json") if spec.model else None,
         precision=spec.precision.model_dump(mode="json"),
@@ -435,6 +437,16 @@ def build_run_json(
         preflight=PreflightRecord(checks=tuple(spec.preflight.checks), timeout=spec.preflight.timeout),
         exit_codes={c.name: int(c) for c in ExitCode},
     )
+
+
+def _elastic_record(plan: Plan) -> ElasticRecord:
+    """The widths an elastic job may shrink to, as the nodes read them (none: the job is not elastic)."""
+    found = plan.elastic
+    if found is None:
+        return ElasticRecord()
+    widths = tuple(WidthRecord(nodes=w.nodes, dp=w.dp, micro=w.micro, grad_accum=w.grad_accum, global_=w.global_batch)
+                   for w in found.widths)
+    return ElasticRecord(batch=found.batch, grow=found.grow, min_nodes=found.min_nodes, widths=widths)
 
 
 def _partition_blocks(plan: Plan) -> dict[str, str]:

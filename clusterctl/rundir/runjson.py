@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clusterctl.envnames import NODES as NODES_ENV
 from clusterctl.rundir.jsonio import read_json
 from clusterctl.rundir.layout import CHECKPOINTS, RUN_JSON
 
@@ -61,6 +64,27 @@ class BatchRecord:
     micro: int = 1
     grad_accum: int = 1
     global_: int = _key("global", default=1)
+
+
+@dataclass(frozen=True)
+class WidthRecord:
+    """One smaller width an elastic job may train at (plan/elastic.py's Width): its nodes, dp and batch."""
+
+    nodes: int = 0
+    dp: int = 1
+    micro: int = 1
+    grad_accum: int = 1
+    global_: int = _key("global", default=1)
+
+
+@dataclass(frozen=True)
+class ElasticRecord:
+    """The spec's elastic section as planned: the widths below the full one, largest first (none: not elastic)."""
+
+    batch: str = "keep"
+    grow: bool = False
+    min_nodes: int = 0
+    widths: tuple[WidthRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,6 +163,7 @@ class RunJson:
     rank_order: str = "tp-cp-ep-dp-pp"  # the order of the dimensions in the rank, fastest first (Megatron-Core's)
     node_type: NodeTypeRecord = NodeTypeRecord()  # the partition's node type, as the wrapper needs it
     batch: BatchRecord = BatchRecord()
+    elastic: ElasticRecord = ElasticRecord()  # the widths the job may shrink to (docs/guide/recovery.md, "Elastic")
     seq_len: int = 0
     model: dict[str, Any] | None = None  # the spec's model section, as resolved
     precision: dict[str, Any] = field(default_factory=dict)  # the spec's precision section
@@ -167,6 +192,26 @@ class RunJson:
         """Where the run's checkpoints live: the spec's checkpoint.dir, else <run>/checkpoints."""
         return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(run_path) / CHECKPOINTS
 
+    def widths(self) -> tuple[int, ...]:
+        """The node counts an attempt may run on, the full width first."""
+        return (self.nodes, *(w.nodes for w in self.elastic.widths))
+
+    def at_width(self, nodes: int | None) -> RunJson:
+        """The plan of an attempt on `nodes` nodes: the full plan, or an elastic width's world, dp and batch.
+
+        Every reader on the nodes (controller, ranks, trainer) takes the plan through here, so that a shrunk
+        attempt's ranks, groups and batch agree; ValueError for a width the plan does not have.
+        """
+        if not nodes or nodes == self.nodes:
+            return self
+        width = next((w for w in self.elastic.widths if w.nodes == nodes), None)
+        if width is None:
+            raise ValueError(f"run.json plans no width of {nodes} nodes (widths: {', '.join(map(str, self.widths()))})")
+        return dataclasses.replace(
+            self, nodes=nodes, world_size=nodes * self.gpus_per_node, parallel=dataclasses.replace(self.parallel, dp=width.dp),
+            batch=BatchRecord(micro=width.micro, grad_accum=width.grad_accum, global_=width.global_),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return _dump(self)
 
@@ -184,6 +229,13 @@ def load(run_dir: Path) -> RunJson:
     if not isinstance(data, dict):
         raise ValueError(f"{Path(run_dir) / RUN_JSON} is not a JSON object")
     return RunJson.from_dict(data)
+
+
+def load_attempt(run_dir: Path, env: Mapping[str, str] | None = None) -> RunJson:
+    """run.json at the width of the attempt this process belongs to (the batch script's CLUSTERCTL_NODES)."""
+    env = os.environ if env is None else env
+    nodes = env.get(NODES_ENV, "")
+    return load(run_dir).at_width(int(nodes) if nodes.isdigit() else None)
 
 
 def read(run_dir: Path) -> RunJson | None:
@@ -228,7 +280,8 @@ def _load(cls: type, data: Any) -> Any:
         if dataclasses.is_dataclass(kind):
             values[f.name] = _load(kind, value)
         elif getattr(kind, "__origin__", None) is tuple and isinstance(value, list):
-            values[f.name] = tuple(value)
+            item = kind.__args__[0]
+            values[f.name] = tuple(_load(item, v) for v in value) if dataclasses.is_dataclass(item) else tuple(value)
         else:
             values[f.name] = value
     return cls(**values)

@@ -1,10 +1,15 @@
-"""A deterministic distributed sampler whose position is part of the checkpoint.
+"""A deterministic distributed sampler whose position is global, part of the checkpoint, exact across dp changes.
 
-Each epoch is a permutation of the dataset drawn from (seed, epoch); data-
-parallel rank r takes every dp-th id of it, starting at r, so the ranks'
-partitions are disjoint and cover the epoch. The state is the epoch and the
-number of samples this rank has taken, so a resumed run continues with
-exactly the ids the uninterrupted run would have used next.
+Each epoch is a permutation of the dataset drawn from (seed, epoch). The
+epoch is consumed in order: data-parallel rank r's k-th sample since the
+last change of dp is the permutation's id at base + k*dp + r, so the ranks'
+partitions are disjoint, every step's samples are a contiguous stretch of
+the epoch, and a step of any dp that keeps the global batch takes the same
+stretch. The state is the epoch, `base` (the epoch's samples consumed when
+dp last changed) and the samples this rank has taken since. A run resumed
+under another dp (an elastic shrink, `requeue --set nodes=`) starts its new
+base where the saved ranks stopped, so every sample is trained once: none
+twice, none skipped.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import torch
 @dataclass
 class SamplerState:
     epoch: int = 0
-    position: int = 0  # samples taken by this rank in this epoch
+    position: int = 0  # samples taken by this rank since `base`
+    base: int = 0  # the epoch's samples consumed (every rank's) when dp last changed
 
 
 class DistributedSampler:
@@ -25,10 +31,14 @@ class DistributedSampler:
         if size < dp_size:
             raise ValueError(f"dataset of {size} samples is smaller than dp = {dp_size}")
         self.size, self.dp_rank, self.dp_size, self.seed = size, dp_rank, dp_size, seed
-        self.per_rank = size // dp_size  # the remainder of an epoch is dropped, as DistributedSampler(drop_last)
         self.state = SamplerState()
         self._perm: torch.Tensor | None = None
         self._perm_epoch = -1
+
+    @property
+    def consumed(self) -> int:
+        """The epoch's samples every rank together has taken: the global data position."""
+        return self.state.base + self.state.position * self.dp_size
 
     def _permutation(self) -> torch.Tensor:
         if self._perm_epoch != self.state.epoch:
@@ -39,24 +49,25 @@ class DistributedSampler:
         return self._perm
 
     def take(self, count: int) -> list[int]:
-        """The next `count` sample ids of this rank, rolling into the next epoch as needed."""
+        """The next `count` sample ids of this rank, rolling into the next epoch when a row of dp ids no longer fits
+        (the epoch's remainder is dropped, as torch's DistributedSampler(drop_last))."""
         ids: list[int] = []
         while len(ids) < count:
-            if self.state.position >= self.per_rank:
-                self.state = SamplerState(self.state.epoch + 1, 0)
+            if self.consumed + self.dp_size > self.size:
+                self.state = SamplerState(self.state.epoch + 1)
             perm = self._permutation()
-            start = self.state.position * self.dp_size + self.dp_rank
-            ids.append(int(perm[start]))
+            ids.append(int(perm[self.consumed + self.dp_rank]))
             self.state.position += 1
         return ids
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.state.epoch, "position": self.state.position, "dp_size": self.dp_size}
+        return {"epoch": self.state.epoch, "position": self.state.position, "dp_size": self.dp_size,
+                "base": self.state.base}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume; under another dp size the epoch's consumed share carries over (epoch boundary exact)."""
-        position = int(state["position"])
+        """Resume; under another dp size the new base is where the saved ranks stopped (exact)."""
+        position, base = int(state["position"]), int(state.get("base", 0))
         saved_dp = int(state.get("dp_size", self.dp_size))
         if saved_dp != self.dp_size:
-            position = position * saved_dp // self.dp_size
-        self.state = SamplerState(int(state["epoch"]), position)
+            position, base = 0, base + position * saved_dp
+        self.state = SamplerState(int(state["epoch"]), position, base)

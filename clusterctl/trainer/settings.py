@@ -27,7 +27,7 @@ WARMUP_STEPS = 5  # `interval: auto` measures this many steps before it chooses
 def run_settings() -> RunJson | None:
     """run.json when running under clusterctl, else None."""
     run_dir = os.environ.get(envnames.RUN_DIR)
-    return runjson.load(Path(run_dir)) if run_dir else None
+    return runjson.load_attempt(Path(run_dir)) if run_dir else None
 
 
 def attempt() -> int:

@@ -97,7 +97,7 @@ class Controller:
         self.attempt_dir = attempt_dir
         self.address = address  # the rendezvous address (MASTER_ADDR): the only one listened on
         self.run_dir = attempt_dir.parent
-        self.run = runjson.load(self.run_dir)
+        self.run = runjson.load_attempt(self.run_dir)  # at this attempt's width (an elastic job may shrink)
         self.hosts = rundir.read_hosts(attempt_dir)
         self.token = os.environ.get(envnames.TOKEN, "")
         self.world = self.run.world_size

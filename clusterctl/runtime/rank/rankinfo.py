@@ -41,7 +41,7 @@ class RankInfo:
         env = os.environ if env is None else env
         run_dir = Path(env[envnames.RUN_DIR])
         attempt_dir = Path(env[envnames.ATTEMPT_DIR])
-        run = runjson.load(run_dir)
+        run = runjson.load_attempt(run_dir, env)
         gpu = env.get(envnames.GPU, "")
         numa = env.get(envnames.NUMA, "")
         return cls(

@@ -249,7 +249,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
         tuple(h for h in told.avoided(run_json.exclude) if h not in back), end, told.cancel_by,
-        runjson.host_domains(run_json),
+        runjson.host_domains(run_json), tuple(w.nodes for w in run_json.elastic.widths), group_nodes(run_json),
     )
     decision = unless_cancelled(run, decide(ended, situation, Policy.from_run(run_json)))
     said = ended.reason
@@ -260,7 +260,25 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     if decision.record_code != code:  # the attempt's "exit C" above is not what the run's history says
         log(f"attempt {args.attempt} is recorded as exit {decision.record_code} ({meaning(decision.record_code)})")
     vindicate(run, read_hosts(args.hosts_file), args.attempt, decision.record_code)
-    return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal, failure)
+    width = width_change(run_json, *decision.shrunk) if decision.shrunk else None
+    return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal, failure, width=width)
+
+
+def group_nodes(run_json: runjson.RunJson) -> int:
+    """Nodes one model-parallel group (tp*cp*pp ranks) spans: a shrink keeps each in one NVLink domain."""
+    p = run_json.parallel
+    return max(1, -(-(p.tp * p.cp * p.pp) // max(1, run_json.gpus_per_node)))
+
+
+def width_change(run_json: runjson.RunJson, before: int, after: int) -> dict[str, Any]:
+    """An elastic shrink as attempts.jsonl records it: nodes, dp and the batch arithmetic, before and after."""
+    try:
+        old, new = run_json.at_width(before), run_json.at_width(after)
+    except ValueError as exc:  # a width the plan lacks: the batch script's ranks would refuse it too
+        return {"nodes": [before, after], "error": str(exc)}
+    return {"nodes": [old.nodes, new.nodes], "world_size": [old.world_size, new.world_size],
+            "dp": [old.parallel.dp, new.parallel.dp], "grad_accum": [old.batch.grad_accum, new.batch.grad_accum],
+            "global_batch": [old.batch.global_, new.batch.global_], "micro": new.batch.micro, "batch": run_json.elastic.batch}
 
 
 def record_cancel(attempt_dir: Path, given: Verdict | None, who: str) -> Verdict | None:
@@ -284,16 +302,17 @@ def unless_cancelled(run: RunDir, d: Decision) -> Decision:
 
 
 def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None,
-               failure: Verdict | None = None, **shell: Any) -> int:
+               failure: Verdict | None = None, width: dict[str, Any] | None = None, **shell: Any) -> int:
     """Record how the run goes on and do it, the one place that does (a restart in the allocation, a continuation
-    job, a requeue, the end); `failure` is the ended attempt's failing verdict (its culprits' evidence), `shell`
-    more assignments for the batch script."""
+    job, a requeue, the end); `failure` is the ended attempt's failing verdict (its culprits' evidence), `width` an
+    elastic shrink's change (width_change), `shell` more assignments for the batch script."""
     d = unless_cancelled(run, d)  # once more just before submitting: the cancel may have come meanwhile
     common: dict[str, Any] = {
         "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
         "counted": d.counted, "culprit_hosts": list(ended.culprit_hosts), "committed_step": ended.committed_step,
         "culprit_ranks": list(ended.culprit_ranks), "fault": ended.fault, "signature": ended.signature,
         **({"cancelled_by": d.cancelled_by} if d.cancelled_by else {}),
+        **({"width": width} if width else {}),
     }
     remember(run, d, ended, attempt, failure)
     log(d.reason)

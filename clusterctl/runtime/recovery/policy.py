@@ -98,6 +98,8 @@ class Situation:
     slurm_end: SlurmEnd = "running"
     cancel_by: str = ""  # who asked the run to stop (rundir.CANCEL), e.g. "clusterctl cancel"
     domain: Mapping[str, str] = field(default_factory=dict)  # node -> NVLink domain (block sites with segments)
+    widths: tuple[int, ...] = ()  # an elastic job's smaller node counts, largest first (run.json elastic.widths)
+    group_nodes: int = 1  # nodes one model-parallel group spans (tp*cp*pp ranks): kept in one domain when shrinking
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Decision:
     replaced: dict[str, str] = field(default_factory=dict)  # restart: excluded node -> the node taking its slot
     exclude: list[str] = field(default_factory=list)  # every node the run now avoids
     newly_excluded: list[str] = field(default_factory=list)  # blamed by this attempt: remembered as suspects
+    shrunk: tuple[int, int] | None = None  # restart: an elastic job's (nodes before, nodes now) where it shrank
     counted: bool = False  # a fault restart, counted against restart.budget
     cancelled_by: str = ""  # the run stops because of a cancel: "clusterctl cancel", "scancel"
 
@@ -180,6 +183,34 @@ def pick_hosts(rank_hosts: tuple[str, ...], allocation: tuple[str, ...], avoid: 
         picked.append(spares.pop(0))
     order = {h: i for i, h in enumerate(allocation)}
     return sorted(picked, key=lambda h: order.get(h, len(order))), replaced
+
+
+def shrink(s: Situation, avoid: set[str]) -> list[str] | None:
+    """An elastic job's next nodes when no spare is left: the largest planned width the healthy nodes of the
+    allocation fill, the ended attempt's own nodes first (their snapshots are there), in the allocation's order.
+    On a block site each model-parallel group's nodes stay in one NVLink domain: a domain gives whole groups
+    only, and a width they cannot fill is skipped."""
+    current = [h for h in s.rank_hosts if h not in avoid]
+    healthy = current + [h for h in s.allocation if h not in avoid and h not in current]
+    order = {h: i for i, h in enumerate(s.allocation)}
+    if s.domain:
+        size, by_domain = max(1, s.group_nodes), {}
+        for h in healthy:
+            by_domain.setdefault(s.domain.get(h, ""), []).append(h)
+        healthy = [h for hosts in by_domain.values() for h in hosts[:len(hosts) // size * size]]
+    for nodes in s.widths:
+        if nodes > len(healthy):
+            continue
+        picked = sorted(healthy[:nodes], key=lambda h: order.get(h, len(order)))
+        if not s.domain or _groups_in_domains(picked, s.domain, s.group_nodes):
+            return picked
+    return None
+
+
+def _groups_in_domains(hosts: list[str], domain: Mapping[str, str], group_nodes: int) -> bool:
+    """Whether every run of `group_nodes` consecutive nodes (one model-parallel group's) shares a domain."""
+    size = max(1, group_nodes)
+    return all(len({domain.get(h) for h in hosts[i:i + size]}) == 1 for i in range(0, len(hosts), size))
 
 
 def place_in_domains(allocation: tuple[str, ...], nodes: int, domain: Mapping[str, str], per_segment: int,
@@ -268,7 +299,16 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
                 "restart", code, code, f"{what}; restarting in the allocation" + (f" ({how})" if how else ""),
                 hosts=hosts, replaced=replaced, exclude=exclude, newly_excluded=newly, counted=True,
             )
-        why = f"{what}; too few healthy nodes left in the allocation"
+        shrunk = shrink(s, set(exclude))
+        if shrunk is not None:
+            before = len(s.rank_hosts) or s.nodes
+            return Decision(
+                "restart", code, code, f"{what}; no spare left: shrinking in the allocation from {before} to"
+                f" {len(shrunk)} nodes (elastic)", hosts=shrunk, exclude=exclude, newly_excluded=newly, counted=True,
+                shrunk=(before, len(shrunk)),
+            )
+        why = f"{what}; too few healthy nodes left in the allocation" + (
+            f" (elastic: not even its smallest width, {s.widths[-1]} nodes)" if s.widths else "")
     elif rendezvous_again:
         why = f"{what}; the rendezvous already failed once in this job"
     else:

@@ -18,7 +18,12 @@ fail_preflight() { echo "clusterctl wrapper (rank ${SLURM_PROCID:-?} on ${SLURMD
 
 rank=${SLURM_PROCID:?not started by srun}
 local_rank=${SLURM_LOCALID:?not started by srun}
-(( ${SLURM_NTASKS:-0} == 4 )) || fail "srun started ${SLURM_NTASKS:-?} tasks, the plan has 4"
+# The attempt's width: the plan's 2 nodes, or fewer where an elastic job shrank (the batch script's CLUSTERCTL_NODES).
+nodes=${CLUSTERCTL_NODES:-2}
+[[ "$nodes" =~ ^[1-9][0-9]*$ ]] || fail "CLUSTERCTL_NODES='$nodes' is not a node count"
+world=$(( nodes * 2 ))
+dp=$(( world / 2 ))
+(( ${SLURM_NTASKS:-0} == world )) || fail "srun started ${SLURM_NTASKS:-?} tasks, the attempt has $world ($nodes nodes)"
 (( rank / 2 == ${SLURM_NODEID:-0} )) || fail "rank $rank landed on node slot ${SLURM_NODEID:-?}, the plan puts it on slot $(( rank / 2 ))"
 
 # The GPU: entry LOCAL_RANK of what Slurm made visible. The device index to
@@ -32,10 +37,10 @@ if ! [[ "$gpu" =~ ^[0-9]+$ ]] || (( gpu >= ${#GPU_CPUS[@]} )); then
   fail "GPU '$gpu' is not in the rail map (4 GPUs)"
 fi
 
-export RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=2 GROUP_RANK=$(( rank / 2 ))
+export RANK=$rank WORLD_SIZE=$world LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=2 GROUP_RANK=$(( rank / 2 ))
 # The rest of what torchrun sets (docs/guide/own-script.md has the table): one role, the run's restarts so far.
 # Not TORCHELASTIC_RUN_ID: it would make torch and Lightning take the job for torchrun's (is_torchelastic_launched).
-export GROUP_WORLD_SIZE=2 ROLE_RANK=$rank ROLE_WORLD_SIZE=4 ROLE_NAME=default
+export GROUP_WORLD_SIZE=$nodes ROLE_RANK=$rank ROLE_WORLD_SIZE=$world ROLE_NAME=default
 export TORCHELASTIC_RESTART_COUNT=$(( ${CLUSTERCTL_ATTEMPT:-1} - 1 )) TORCHELASTIC_MAX_RESTARTS=3
 export CUDA_VISIBLE_DEVICES=$device
 export OMP_NUM_THREADS=${GPU_NCPUS[gpu]}
@@ -46,8 +51,8 @@ export CLUSTERCTL_GPU=$gpu CLUSTERCTL_CPUS=${GPU_CPUS[gpu]} CLUSTERCTL_NUMA=${GP
 # Coordinates in the rank order tp-cp-ep-dp-pp (tp fastest).
 export CLUSTERCTL_TP_RANK=$(( rank % 2 ))
 export CLUSTERCTL_CP_RANK=$(( rank / 2 % 1 ))
-export CLUSTERCTL_DP_RANK=$(( rank / 2 % 2 ))
-export CLUSTERCTL_PP_RANK=$(( rank / 4 ))
+export CLUSTERCTL_DP_RANK=$(( rank / 2 % dp ))
+export CLUSTERCTL_PP_RANK=$(( rank / (2 * dp) ))
 export CLUSTERCTL_EP_RANK=$(( rank / 2 % 1 ))
 
 export NCCL_DEBUG=WARN
