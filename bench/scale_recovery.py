@@ -180,7 +180,7 @@ def worker(port: int, world: int, first: int, last: int) -> None:
             counted = CountingStore(client)
             snaps = Snapshots(scratch / "run" / f"node{r // GPN}", rank=r, world=world, interval=1, tag=str(world),
                               gpus_per_node=GPN, store=counted, prefix=PREFIX, token=TOKEN)
-            plan = snaps._agree(held_by(r // GPN, world) if r % GPN == 0 else {}, None)
+            plan = snaps._agree(held_by(r // GPN, world) if r % GPN == 0 else {}, [], None)
             rows.append({"rank": r, "t": time.time(), "woken": woken, "bytes": counted.bytes, "step": plan.step,
                          "transfers": len(plan.transfers)})
         except Exception as exc:  # noqa: BLE001

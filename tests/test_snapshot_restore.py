@@ -164,5 +164,30 @@ def test_an_inventory_or_plan_a_stranger_put_in_the_store_is_not_acted_on(tmp_pa
     later = threading.Timer(0.5, lambda: server.set("e/plan", sealed.seal(TOKEN, "e/plan", real.to_json())))
     later.start()
     other = _snapshots(root, server.port, 1, world=2, g=1, prefix="e/")
-    assert other._agree({}, None) == real
+    assert other._agree({}, [], None) == real
     later.join()
+
+
+def test_a_shrunk_width_takes_each_ranks_state_from_the_old_widths_snapshot_and_replica_on_the_survivors() -> None:
+    """3 nodes of 1 rank (dp 3), n2 lost, 2 left (dp 2): n1 holds old rank 0 (and 2's replica), n3 old rank 2 (and 1's
+    replica). New rank 1 on n3 takes old rank 1 from the replica there: nothing travels."""
+    from clusterctl.checkpoint.restoreplan import Inventory, Width, decode_inventory, plan_remapped
+
+    old = Width("3-aaaa", 3, {"tp": 1, "cp": 1, "dp": 3, "pp": 1}, replicated=True)
+    nodes = {0: Inventory({}, ((old, {0: (14, 15), 2: (14, 15)}),)), 1: Inventory({}, ((old, {2: (14, 15), 1: (14,)}),))}
+    plan = plan_remapped(nodes, world=2, gpus_per_node=1, layout={"tp": 1, "cp": 1, "dp": 2, "pp": 1}, durable_step=10)
+    assert (plan.step, plan.transfers, plan.source) == (14, (), old)  # 15 is not whole: old rank 1's replica lacks it
+    assert RestorePlan.from_json(plan.to_json()) == plan
+    assert decode_inventory(encode_held({}, [(old, {0: {14: "f"}})])) == Inventory({}, ((old, {0: (14,)}),))
+    # Where the survivors lack a mapped rank's state on its own node, one of them sends it.
+    swapped = {0: nodes[1], 1: nodes[0]}
+    assert plan_remapped(swapped, world=2, gpus_per_node=1, layout={"dp": 2}, durable_step=None).transfers == ((1, 0), (0, 1))
+    # A state sharded over dp, or another model-parallel layout, is never remapped: the durable checkpoint decides.
+    sharded = Width("3-bbbb", 3, old.layout, replicated=False)
+    refused = plan_remapped({0: Inventory({}, ((sharded, {0: (14,), 1: (14,), 2: (14,)}),))}, world=2, gpus_per_node=2,
+                            layout={"dp": 2}, durable_step=None)
+    assert refused.step is None and "sharded over dp" in refused.why
+    other_tp = plan_remapped(nodes, world=2, gpus_per_node=1, layout={"tp": 2, "dp": 1}, durable_step=None)
+    assert other_tp.step is None and "another model-parallel layout (tp)" in other_tp.why
+    newer_durable = plan_remapped(nodes, world=2, gpus_per_node=1, layout={"dp": 2}, durable_step=19)
+    assert newer_durable.step is None and "durable checkpoint of step 19 is newer" in newer_durable.why

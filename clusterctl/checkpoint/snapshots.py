@@ -27,8 +27,16 @@ link of their own (pairlink.py). Never a mix of steps. A node whose
 inventory has not come within AGREE_TIMEOUT_S leaves the restore to the
 durable checkpoint, and rank 0 says which node. Replicas travel the same
 way: each rank has a link to its holder and one from its sender, made at
-its first replica. Snapshots are per world size and layout: a restart on
-another layout resumes from the durable checkpoint instead.
+its first replica.
+
+Snapshots are per world size and layout (their tag), each tag described by
+`<node>/width-<tag>.json` (its world, layout, and whether the state is the
+same on every dp replica). A restart of another width (an elastic job that
+shrank in its allocation) finds no whole step of its own: it then takes the
+newest step of another width's snapshots when only dp changed and the
+state is replicated, each rank the saved rank checkpoint/reshard.py maps it
+to (restoreplan.plan_remapped); any other layout resumes from the durable
+checkpoint, which DCP reshards.
 """
 
 from __future__ import annotations
@@ -57,13 +65,23 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from clusterctl import envnames
 from clusterctl.checkpoint.names import SNAPSHOTS_KEPT, STEP_DIGITS
 from clusterctl.checkpoint.pairlink import PairLink, ring_colour
-from clusterctl.checkpoint.restoreplan import RestorePlan, decode_held, encode_held, plan_restore
+from clusterctl.checkpoint.restoreplan import (
+    Inventory,
+    RestorePlan,
+    Width,
+    decode_inventory,
+    encode_held,
+    plan_remapped,
+    plan_restore,
+    remapper,
+)
 from clusterctl.store import collect, sealed
 
 ROOT_ENV = "CLUSTERCTL_SNAPSHOTS"
 KEEP = SNAPSHOTS_KEPT  # per rank: the newest may be half-written when a rank dies; the one before it is whole
 PREFIX, SUFFIX = "step-", ".pt"
 HOLDINGS = re.compile(r"^(rank|replica)-(\d+)-of-(.+)$")
+WIDTH_FILE = "width-{tag}.json"  # one tag's world, layout and replication, beside its snapshots
 LINK_TIMEOUT_S = 300  # a peer that neither sends nor takes its replica for this long fails the snapshot, not training
 AGREE_TIMEOUT_S = 60.0  # rank 0 waits this long for every node's inventory, then the durable checkpoint decides
 PLAN_MARGIN_S = 30.0  # a rank waits for rank 0's plan this much longer than rank 0 waits for the inventories
@@ -124,7 +142,7 @@ def open_snapshots(interval: int, *, run_id: str, layout: Any, rank: int, world:
     tag = world_tag(world, layout)
     found = Snapshots(node_dir(default_root(), run_id or "standalone", node), rank=rank, world=world, interval=interval,
                       tag=tag, gpus_per_node=int(os.environ.get("LOCAL_WORLD_SIZE") or 1), store=store,
-                      prefix=exchange_prefix(tag), token=sealed.rank_token())
+                      prefix=exchange_prefix(tag), token=sealed.rank_token(), layout=layout)
     if store is not None:
         found.connect()
     register_optimizer_step_pre_hook(lambda *_: found.staging.before_update())
@@ -231,8 +249,10 @@ class Snapshots:
     """One rank's snapshots and the replica it holds for a peer: take them on schedule, restore the newest whole step."""
 
     def __init__(self, node: Path, *, rank: int, world: int, interval: int, tag: str, gpus_per_node: int,
-                 store: Any = None, prefix: str = "", token: str = "", agree_timeout_s: float = AGREE_TIMEOUT_S) -> None:
+                 store: Any = None, prefix: str = "", token: str = "", agree_timeout_s: float = AGREE_TIMEOUT_S,
+                 layout: Any = None) -> None:
         self.node, self.rank, self.world, self.interval, self.tag = node, rank, world, interval, tag
+        self.layout = layout if isinstance(layout, dict) else None
         self.store, self.prefix, self.token = store, prefix, token  # the process group's store: None alone
         self.gpus_per_node = max(1, min(gpus_per_node, world))
         self.agree_timeout_s = agree_timeout_s
@@ -253,9 +273,23 @@ class Snapshots:
     def take(self, step: int, state: dict[str, Any], extra: dict[str, Any]) -> None:
         """Copy the state to CPU memory now; write it and its replica in the background (one in flight)."""
         self.wait()
+        if not self.untrusted:
+            self._describe(state)
         copy = {"state": self.staging.take(state), "extra": extra, "step": step, "rank": self.rank}
         self.thread = threading.Thread(target=self._write, args=(step, copy), name="clusterctl-snapshot", daemon=True)
         self.thread.start()
+
+    def _describe(self, state: dict[str, Any]) -> None:
+        """This width's description beside its snapshots, once a node (what a restart of another width reads)."""
+        path = self.node / WIDTH_FILE.format(tag=self.tag)
+        if path.exists():
+            return
+        width = Width(self.tag, self.world, self.layout, replicated=not _sharded(state))
+        with contextlib.suppress(OSError):
+            self.node.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(width.as_dict()))
+            os.replace(tmp, path)
 
     def _write(self, step: int, copy: dict[str, Any]) -> None:
         try:
@@ -308,16 +342,30 @@ class Snapshots:
 
     def holdings(self) -> dict[int, dict[int, str]]:
         """What this node holds, own snapshots and replicas alike: rank -> step -> file (nothing from an untrusted root)."""
-        held: dict[int, dict[int, str]] = {}
+        return self.all_holdings().get(self.tag, {})
+
+    def all_holdings(self) -> dict[str, dict[int, dict[int, str]]]:
+        """Every width's holdings on this node: tag -> rank -> step -> file."""
+        held: dict[str, dict[int, dict[int, str]]] = {}
         if self.untrusted:
             return held
         with contextlib.suppress(OSError):
             for entry in os.listdir(self.node):
                 match = HOLDINGS.match(entry)
-                if match and match.group(3) == self.tag:
+                if match:
                     for step, path in steps_in(self.node / entry).items():
-                        held.setdefault(int(match.group(2)), {}).setdefault(step, str(path))
+                        held.setdefault(match.group(3), {}).setdefault(int(match.group(2)), {}).setdefault(step, str(path))
         return held
+
+    def other_widths(self, every: dict[str, dict[int, dict[int, str]]]) -> list[tuple[Width, dict[int, dict[int, str]]]]:
+        """The run's other widths this node holds snapshots of, each with its description (undescribed ones left)."""
+        found = []
+        for tag, held in every.items():
+            if tag == self.tag:
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                found.append((Width.from_dict(json.loads((self.node / WIDTH_FILE.format(tag=tag)).read_text())), held))
+        return found
 
     def restore(self, durable_step: int | None) -> Restored | None:
         """The newest step whose state every rank can have, when not older than `durable_step`.
@@ -326,17 +374,25 @@ class Snapshots:
         durable checkpoint is newer, or a node's inventory did not come:
         every rank then resumes from the durable checkpoint.
         """
-        held = self.holdings()
+        every = self.all_holdings()
+        held, others = every.get(self.tag, {}), self.other_widths(every)
         if self.store is None:
-            plan = plan_restore({0: held}, world=self.world, gpus_per_node=self.world, durable_step=durable_step)
+            plan = self._planned({0: Inventory(held, tuple(others))}, self.world, durable_step)
         else:
-            plan = self._agree(held, durable_step)
+            plan = self._agree(held, others, durable_step)
         if plan.step is None:
             return None
         step = plan.step
+        take = (lambda r: r) if plan.source is None else remapper(self.world, self.layout, plan.source)
+        if plan.source is not None:  # another width's: its files, each rank the saved rank mapped to it
+            held = dict(every.get(plan.source.tag, {}))
+            if self.rank == 0:
+                print(f"clusterctl: restoring step {step} from host memory, the snapshots of {plan.source.world} ranks"
+                      f" (dp {int((plan.source.layout or {}).get('dp') or 0) or '?'} -> {int((self.layout or {}).get('dp') or 0) or '?'})",
+                      file=sys.stderr, flush=True)
         mine = [(s, d) for s, d in plan.transfers if self.rank in (s, d)]
         links = {t: self._link("restore/", *t) for t in mine}  # in the plan's order, which every rank has
-        taken = [links[(s, d)].post(Path(held[d][step]).read_bytes(), step) for s, d in mine if s == self.rank]
+        taken = [links[(s, d)].post(Path(held[take(d)][step]).read_bytes(), step) for s, d in mine if s == self.rank]
         data = None
         for s, d in mine:
             if d == self.rank:
@@ -346,18 +402,32 @@ class Snapshots:
         for wait in taken:
             wait()
         if data is None:
-            data = Path(held[self.rank][step]).read_bytes()
+            data = Path(held[take(self.rank)][step]).read_bytes()
         loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-        if loaded.get("rank") != self.rank or loaded.get("step") != step:
+        if loaded.get("rank") != take(self.rank) or loaded.get("step") != step:
             raise RuntimeError(f"rank {self.rank}: the snapshot of step {step} holds rank {loaded.get('rank')}'s"
-                               f" step {loaded.get('step')}")
-        return Restored(step, loaded["state"], loaded["extra"], {d: s for s, d in plan.transfers})
+                               f" step {loaded.get('step')}, not rank {take(self.rank)}'s")
+        return Restored(step, loaded["state"], loaded["extra"], {d: s for s, d in plan.transfers},
+                        plan.source.world if plan.source is not None else None)
 
-    def _agree(self, held: dict[int, dict[int, str]], durable_step: int | None) -> RestorePlan:
+    def _planned(self, nodes: dict[int, Inventory], g: int, durable_step: int | None) -> RestorePlan:
+        """This width's newest whole step, else another width's that every rank can take (restoreplan.py)."""
+        plan = plan_restore({n: inv.held for n, inv in nodes.items()}, world=self.world, gpus_per_node=g,
+                            durable_step=durable_step)
+        if plan.step is not None or not any(inv.others for inv in nodes.values()):
+            return plan
+        remapped = plan_remapped(nodes, world=self.world, gpus_per_node=g, layout=self.layout, durable_step=durable_step)
+        if remapped.step is None:
+            print(f"clusterctl: no restore from host memory across the change of width: {remapped.why}", file=sys.stderr,
+                  flush=True)
+        return remapped if remapped.step is not None else plan
+
+    def _agree(self, held: dict[int, dict[int, str]], others: list[tuple[Width, dict[int, dict[int, str]]]],
+               durable_step: int | None) -> RestorePlan:
         """The restore plan: this node's inventory in, rank 0's plan out (rank 0 alone reads every node's)."""
         g = self.gpus_per_node
         if self.rank % g == 0:
-            self._put(self.prefix + f"inventory/{self.rank // g}", encode_held(held))
+            self._put(self.prefix + f"inventory/{self.rank // g}", encode_held(held, others))
         if self.rank == 0:
             plan = self._plan(durable_step)
             self._put(self.prefix + "plan", plan.to_json())
@@ -385,7 +455,7 @@ class Snapshots:
         count = -(-self.world // g)
         keys = [self.prefix + f"inventory/{i}" for i in range(count)]
         deadline = time.monotonic() + self.agree_timeout_s
-        nodes: dict[int, dict[int, tuple[int, ...]]] = {}
+        nodes: dict[int, Inventory] = {}
         pending = list(range(count))
         while pending:  # a value that is not sealed by this attempt (a stranger's) is waited past, as if absent
             waiting = [keys[i] for i in pending]
@@ -396,7 +466,7 @@ class Snapshots:
                 body = self._open(waiting[j], raw)
                 with contextlib.suppress(ValueError):
                     if body is not None:
-                        nodes[pending[j]] = decode_held(body)
+                        nodes[pending[j]] = decode_inventory(body)
             pending = [i for i in pending if i not in nodes]
             if not pending or time.monotonic() >= deadline:
                 break
@@ -409,7 +479,7 @@ class Snapshots:
                    " this attempt: resuming from the durable checkpoint")
             print(f"clusterctl: warning: no restore from host memory: {why}", file=sys.stderr, flush=True)
             return RestorePlan(None, why=why)
-        return plan_restore(nodes, world=self.world, gpus_per_node=g, durable_step=durable_step)
+        return self._planned(nodes, g, durable_step)
 
     def _put(self, key: str, text: str) -> None:
         self.store.set(key, sealed.seal(self.token, key, text) if self.token else text.encode())
@@ -424,6 +494,16 @@ class Restored:
     state: dict[str, Any]
     extra: dict[str, Any]
     served: dict[int, int]  # ranks whose own node lacked the snapshot -> the rank whose node sent it
+    remapped_from: int | None = None  # the world size whose snapshots were restored, where it was not this one's
+
+
+def _sharded(state: Any) -> bool:
+    """Whether any tensor of the state is a DTensor (sharded over the mesh): then no dp replica's will do for another's."""
+    if isinstance(state, dict):
+        return any(_sharded(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return any(_sharded(v) for v in state)
+    return type(state).__name__ in ("DTensor", "ShardedTensor")
 
 
 def remove_node(root: Path, run_id: str, node: str) -> None:
