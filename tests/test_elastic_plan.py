@@ -44,7 +44,7 @@ def test_keeping_the_batch_uses_only_widths_whose_accumulation_keeps_it_exact() 
     skipped = dict(plan.elastic.skipped)
     assert "does not divide the global batch 512" in skipped[12] and "rank groups" in skipped[15]
     assert plan.memory is not None
-    at = {w.dp: w.memory_gb for w in plan.elastic.widths}
+    at = {w.dp: w.as_dict()["memory_gb"] for w in plan.elastic.widths}
     assert plan.memory.total / 1e9 < at[2] < at[1], at  # zero1's optimizer shards grow as dp shrinks
     assert plan.as_json()["elastic"]["widths"][0] == {"nodes": 8, "dp": 2, "micro_batch": 1, "grad_accum": 256,
                                                       "global_batch": 512, "memory_gb": at[2], "capacity_gb": 80.0}

@@ -229,7 +229,7 @@ def _elastic(plan: Plan) -> Table | None:
                   format_gb(plan.memory.total) if plan.memory else "-", style="dim")
     for w in found.widths:
         table.add_row(str(w.nodes), str(w.dp), f"{w.micro} x {w.grad_accum}", str(w.global_batch),
-                      f"{w.memory_gb:g} GB" if w.memory_gb is not None else "-")
+                      format_gb(w.memory_gb * 1e9) if w.memory_gb is not None else "-")
     if found.skipped:
         table.caption = f"not used: {grouped(found.skipped)}"
     return table

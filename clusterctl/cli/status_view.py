@@ -71,6 +71,15 @@ def goodput_line(st: RunState) -> str:
     return f"{head}: start-up {share(st.startup_gpu_hours)}, lost {share(st.lost_gpu_hours)}, other {share(st.other_gpu_hours)}"
 
 
+def width_words(width: dict[str, object]) -> str:
+    """An elastic change of width in a few words: `dp 4 → 3`."""
+    dp = width.get("dp")
+    if isinstance(dp, list) and len(dp) == 2:
+        return f"dp {dp[0]} → {dp[1]}"
+    nodes = width.get("nodes")
+    return f"nodes {nodes[0]} → {nodes[1]}" if isinstance(nodes, list) and len(nodes) == 2 else ""
+
+
 NEXT_WORDS = {"allocation": "restart", "continuation": "job", "requeue": "requeue", "slurm": "requeue", "stop": "stop"}
 
 
@@ -81,6 +90,7 @@ def attempts_table(st: RunState, now: float | None = None) -> Table:
     rows = []
     for a in st.attempts:
         then = NEXT_WORDS.get(a.next or "", a.next or "") + (f" {jobid.display(a.next_job, st.backend)}" if a.next_job else "")
+        then += f" {width_words(a.width)}" if a.width else ""
         rows.append((str(a.attempt), jobid.display(a.job_id, st.backend) or "-", _nodes(a), clock(a.start, now),
                      duration((a.end or (now if now is not None else time.time())) - a.start) if a.start else "-",
                      "-" if a.exit_code is None else str(a.exit_code), short_meaning(a), _steps(a), then))

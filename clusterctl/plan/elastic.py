@@ -47,7 +47,8 @@ class Width:
 
     def as_dict(self) -> dict[str, object]:
         return {"nodes": self.nodes, "dp": self.dp, "micro_batch": self.micro, "grad_accum": self.grad_accum,
-                "global_batch": self.global_batch, "memory_gb": self.memory_gb, "capacity_gb": self.capacity_gb}
+                "global_batch": self.global_batch, "memory_gb": round(self.memory_gb, 4) if self.memory_gb is not None else None,
+                "capacity_gb": self.capacity_gb}
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def plan_elastic(
         if memory is not None and not memory.fits:
             return f"the memory estimate, {memory.total / 1e9:.1f} GB a GPU, does not fit its {memory.capacity / 1e9:.0f} GB"
         return Width(n, d, shrunk.micro, shrunk.grad_accum, shrunk.global_batch,
-                     round(memory.total / 1e9, 2) if memory is not None else None,
+                     memory.total / 1e9 if memory is not None else None,
                      round(memory.capacity / 1e9, 1) if memory is not None else None)
 
     widths: list[Width] = []

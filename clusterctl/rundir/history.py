@@ -19,6 +19,7 @@ Events, one JSON object per line (`time`: whole seconds since the epoch):
     next    attempt, job_id, how (NEXT_*), exit, reason, exclude, counted, culprit_hosts,
             culprit_ranks, fault, signature (the verdict's: the next fault is judged against them),
             committed_step, next_job (continuation), hosts/replaced (allocation),
+            width (allocation: an elastic job's change of nodes, dp and batch, each [before, after]),
             cancelled_by (the stop came from a cancel: `clusterctl cancel` or `scancel`)
     cancel  by, save                       `clusterctl cancel` was asked
     requeue by, next_job, exclude, overrides   `clusterctl requeue` continued the run
@@ -127,6 +128,7 @@ class AttemptHistory:
     next_job: str | None = None
     next_reason: str = ""
     next_time: float | None = None
+    width: dict[str, Any] | None = None  # an elastic shrink or growth that began the next attempt (nextattempt.width_change)
     cancelled_by: str | None = None  # it was stopped by a cancel: "clusterctl cancel", "scancel", ...
     committed_step: int | None = None  # the newest committed checkpoint its end recorded
     begun_by: dict[str, Any] | None = None  # the decision that began it (the previous attempt's `next`, a requeue)
@@ -296,6 +298,7 @@ def fold(
             if a is not None:
                 a.next, a.next_job = how, jobid.native(e.get("next_job")) or None
                 a.next_reason, a.next_time = h.reason, when
+                a.width = e["width"] if isinstance(e.get("width"), dict) else None
                 if a.end is None:
                     a.end = when
                 if a.exit_code is None and _int(e.get("exit")) is not None:

@@ -53,10 +53,13 @@ def resumed(directory: Path, world: int, *, generation: Any = None, memory: Any 
     recovery: dict[str, Any] = {"schema_version": FORMAT, "checkpoint_dir": str(directory)}
     if memory is not None:
         peers = ", ".join(f"rank {r} from rank {q}'s node" for r, q in sorted(memory.served.items()))
+        other = memory.remapped_from  # another width's snapshots (an elastic change of dp)
+        width = f" of {other} ranks, remapped to {world}" if other else ""
         recovery.update(resumed=True, start_step=memory.step + 1,
-                        how=f"resumed from the in-memory snapshot of step {memory.step}" + (f" ({peers})" if peers else ""),
+                        how=f"resumed from the in-memory snapshot{width} of step {memory.step}" + (f" ({peers})" if peers else ""),
                         resumed_from={"step": memory.step, "memory": True, "path": str(memory_path),
-                                      "from_peers": {str(r): q for r, q in memory.served.items()}})
+                                      "from_peers": {str(r): q for r, q in memory.served.items()},
+                                      **({"from_world_size": other} if other else {})})
         return recovery, {"resumed_position": {"step": memory.step}}
     if generation is None:
         recovery.update(resumed=False, resumed_from=None, start_step=0,

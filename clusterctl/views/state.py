@@ -85,6 +85,7 @@ class Attempt:
     next: str | None = None  # how the run went on: history.NEXT_* (allocation, continuation, ...)
     next_job: str | None = None  # the job the run went on in (a continuation, a requeue)
     next_reason: str = ""  # why it went on that way (the recovery step's words)
+    width: dict[str, Any] | None = None  # an elastic change of width after it: nodes, dp, grad_accum, ... [before, after]
     verdict: str = ""  # the controller's one-line verdict when it was not ok
     culprits: list[dict[str, Any]] = field(default_factory=list)  # the verdict's culprits: rank, host, gpu, reason
     cancelled_by: str | None = None  # a cancel stopped it: `clusterctl cancel`, `scancel`
@@ -159,7 +160,7 @@ def _attempts(run: RunDir, h: History, run_json: runjson.RunJson) -> list[Attemp
             count = len(nodes)
         shown = Attempt(a.number, a.job_id, nodes, a.start, a.end, a.exit_code, a.meaning, 0,
                         gpus=count * run_json.gpus_per_node, next=a.next, next_job=a.next_job,
-                        next_reason=a.next_reason, verdict=a.end_reason if a.exit_code not in (None, 0) else "",
+                        next_reason=a.next_reason, width=a.width, verdict=a.end_reason if a.exit_code not in (None, 0) else "",
                         cancelled_by=a.cancelled_by)
         given = verdictfile.read(run.attempt(a.number)) if a.exit_code != 0 else None  # 0: nothing to blame
         if given is not None and not given.ok:

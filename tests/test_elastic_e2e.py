@@ -1,0 +1,73 @@
+"""Elastic jobs end to end: a node lost with no spare left, the job shrinks its data parallelism in its allocation.
+
+A 2-node job (1 GPU each: dp 2) of the reference trainer with `elastic:`
+and in-memory snapshots, on the local backend and on the real Slurm test
+cluster, has its second node lost from outside (`clusterctl drill --node`).
+What a user checks afterwards: the next attempt ran in the same job on the
+one node left at dp 1 with twice the accumulation (the global batch kept),
+attempts.jsonl and `status` say `dp 2 → 1`, it resumed from host memory
+with at most the step in flight computed again, the run finished, and every
+sample of every step was trained exactly once, none twice and none skipped:
+each step's samples are the stretch of the epoch an uninterrupted run takes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_recovery_e2e import drill, first_step, losses, nexts, nothing_left, status, story, submit, wait_for
+
+from clusterctl import rundir
+from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import RunDir, history
+from clusterctl.trainer.sampler import DistributedSampler
+from clusterctl.trainer.loop import DATASET_SIZE
+
+STEPS, MICRO, GLOBAL = 120, 2, 4
+
+
+def samples_by_step(run: RunDir) -> dict[int, list[int]]:
+    """Every step's sample ids over all ranks, a step computed twice taken from its last attempt."""
+    found: dict[int, list[int]] = {}
+    for attempt in run.attempts():
+        this: dict[int, list[int]] = {}
+        for path in sorted(run.attempt(attempt).glob("samples-rank*.jsonl")):
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                this.setdefault(row["step"], []).extend(row["ids"])
+        found.update(this)
+    return found
+
+
+def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_every_sample_once(
+    backend: str, tmp_path: Path
+) -> None:
+    done = submit(backend, tmp_path, "elastic", steps=STEPS, batch={"micro": MICRO, "global": GLOBAL},
+                  elastic={"min_nodes": 1, "batch": "keep"}, checkpoint={"interval": 20, "memory_interval": 1},
+                  command=["python3", "-m", "clusterctl.trainer", "--steps", str(STEPS), "--eval-interval", "0",
+                           "--step-compute-s", "0.05", "--record-samples"])
+    run = done.run
+    wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
+    hosts = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"]
+    report = drill(run, "--node", hosts[1])
+    assert report["code"] == ExitCode.NODE_LOST and report["culprit_right"], report
+    shrink = wait_for("the shrink", lambda: nexts(run), run=run)[0]
+    assert (shrink["how"], shrink["hosts"], shrink["exclude"]) == (history.NEXT_ALLOCATION, hosts[:1], hosts[1:]), story(run)
+    width = shrink["width"]
+    assert (width["dp"], width["grad_accum"], width["global_batch"]) == ([2, 1], [1, 2], [GLOBAL, GLOBAL]), width
+    resumed = first_step(run, 2)
+    assert max(losses(run, 1)) - (resumed - 1) <= 1, story(run)  # at most the step in flight is computed again
+    record = json.loads((run.attempt(2) / rundir.RECORD).read_text())["recovery"]
+    assert record["resumed_from"]["memory"] and record["resumed_from"]["from_world_size"] == 2, record
+    second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
+    assert (second["hosts"], second["job_id"]) == (hosts[:1], json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["job_id"])
+    wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == STEPS - 1, run=run)
+    nothing_left(backend, run)
+    st = status(run)
+    assert (st["state"], st["exit_code"]) == ("completed", 0), st
+    assert st["attempts"][0]["width"]["dp"] == [2, 1], st["attempts"][0]
+    # Every step took the epoch's next GLOBAL samples, as one rank alone would: none twice, none skipped.
+    taken = samples_by_step(run)
+    whole = DistributedSampler(DATASET_SIZE, 0, 1)
+    assert {s: sorted(ids) for s, ids in taken.items()} == {s: sorted(whole.take(GLOBAL)) for s in range(STEPS)}
