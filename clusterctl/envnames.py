@@ -14,6 +14,7 @@ ATTEMPT_DIR = "CLUSTERCTL_ATTEMPT_DIR"
 TOKEN = "CLUSTERCTL_TOKEN"
 INJECT_TOKEN = "CLUSTERCTL_INJECT_TOKEN"  # the token a drill's injector checks a pid against (never on its command line)
 NODES = "CLUSTERCTL_NODES"  # nodes running ranks (allocation minus spares/excluded)
+TAKES_OVER = "CLUSTERCTL_TAKES_OVER"  # an elastic run's full-size job: the job whose shrunk attempt it replaces
 HOSTFILE = "CLUSTERCTL_HOSTFILE"
 OVERSUBSCRIBED = "CLUSTERCTL_OVERSUBSCRIBED"  # 1 where emulated GPUs share real CPUs (runtime/rank/computeclock.py)
 

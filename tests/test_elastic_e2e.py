@@ -9,12 +9,17 @@ attempts.jsonl and `status` say `dp 2 → 1`, it resumed from host memory
 with at most the step in flight computed again, the run finished, and every
 sample of every step was trained exactly once, none twice and none skipped:
 each step's samples are the stretch of the epoch an uninterrupted run takes.
+With `grow: true` the full-size job queued at the shrink takes the run back
+to dp 2 on the idle nodes, resuming right after the step the shrunk attempt
+committed when it was asked to stop.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from test_recovery_e2e import drill, first_step, losses, nexts, nothing_left, status, story, submit, wait_for
 
@@ -40,11 +45,16 @@ def samples_by_step(run: RunDir) -> dict[int, list[int]]:
     return found
 
 
+@pytest.mark.parametrize("grow", [False, True], ids=["shrink", "grow"])
 def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_every_sample_once(
-    backend: str, tmp_path: Path
+    backend: str, tmp_path: Path, grow: bool
 ) -> None:
+    """Shrink: the run finishes at dp 1 in its first job. Grow: the full-size job queued at the shrink starts on
+    the idle nodes, the shrunk attempt saves and stops (85) and hands the run to it, which resumes right after."""
+    if backend == "slurm" and not grow:
+        pytest.skip("the shrink alone is the grow case's first half on the test cluster (and bench/elastic.py's)")
     done = submit(backend, tmp_path, "elastic", steps=STEPS, batch={"micro": MICRO, "global": GLOBAL},
-                  elastic={"min_nodes": 1, "batch": "keep"}, checkpoint={"interval": 20, "memory_interval": 1},
+                  elastic={"min_nodes": 1, "batch": "keep", "grow": grow}, checkpoint={"interval": 20, "memory_interval": 1},
                   command=["python3", "-m", "clusterctl.trainer", "--steps", str(STEPS), "--eval-interval", "0",
                            "--step-compute-s", "0.05", "--record-samples"])
     run = done.run
@@ -62,10 +72,19 @@ def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_
     assert record["resumed_from"]["memory"] and record["resumed_from"]["from_world_size"] == 2, record
     second = json.loads((run.attempt(2) / rundir.ATTEMPT_JSON).read_text())
     assert (second["hosts"], second["job_id"]) == (hosts[:1], json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["job_id"])
-    wait_for("the run to finish", lambda: max(losses(run, 2), default=-1) == STEPS - 1, run=run)
+    last = 3 if grow else 2
+    if grow:  # the shrunk attempt hands the run to the full-size job, which resumes at its committed step + 1
+        handed = wait_for("the hand-over", lambda: len(nexts(run)) > 1 and nexts(run)[1], run=run)
+        grow_job = next(e["next_job"] for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_GROW)
+        assert (handed["how"], handed["exit"], handed["next_job"]) == (history.NEXT_CONTINUATION, ExitCode.PRE_TIMEOUT, grow_job)
+        third = wait_for("attempt 3", lambda: (run.attempt(3) / rundir.ATTEMPT_JSON).exists()
+                         and json.loads((run.attempt(3) / rundir.ATTEMPT_JSON).read_text()), run=run)
+        assert third["job_id"] == grow_job and len(third["hosts"]) == 2 and hosts[1] not in third["hosts"], third
+        assert first_step(run, 3) == handed["committed_step"] + 1 == max(losses(run, 2)) + 1, story(run)
+    wait_for("the run to finish", lambda: max(losses(run, last), default=-1) == STEPS - 1, run=run)
     nothing_left(backend, run)
     st = status(run)
-    assert (st["state"], st["exit_code"]) == ("completed", 0), st
+    assert (st["state"], st["exit_code"], len(st["attempts"])) == ("completed", 0, last), st
     assert st["attempts"][0]["width"]["dp"] == [2, 1], st["attempts"][0]
     # Every step took the epoch's next GLOBAL samples, as one rank alone would: none twice, none skipped.
     taken = samples_by_step(run)

@@ -323,3 +323,22 @@ def test_a_shrink_keeps_each_model_parallel_group_in_one_nvlink_domain() -> None
     d = decide(lost, situation(allocation=four, rank_hosts=four, nodes=4, widths=(3, 2), domain=domain, group_nodes=2),
                Policy())
     assert d.action == "restart" and d.hosts == ["b1", "b2"], d
+
+
+def test_a_shrink_queues_the_full_size_job_when_the_job_grows_back_and_not_otherwise() -> None:
+    four = ("n1", "n2", "n3", "n4")
+    lost = Ended(ExitCode.NODE_LOST, ("n3",), 10)
+    s = situation(allocation=four, rank_hosts=four, nodes=4, widths=(3,))
+    assert decide(lost, s, Policy(grow=True)).grow and not decide(lost, s, Policy()).grow
+    spare = situation(allocation=(*four, "n5"), rank_hosts=four, nodes=4, widths=(3,))
+    assert not decide(lost, spare, Policy(grow=True)).grow  # no shrink, nothing to grow back from
+
+
+def test_the_history_knows_the_full_size_job_until_it_begins_or_is_withdrawn() -> None:
+    grow = {"event": history.EVENT_GROW, "attempt": 1, "job_id": "7", "next_job": "8", "time": 1}
+    start = {"event": history.EVENT_START, "attempt": 2, "job_id": "7", "time": 2}
+    assert history.fold([grow, start]).grow_job == "8"
+    assert history.fold([grow, start, {"event": history.EVENT_START, "attempt": 3, "job_id": "8", "time": 3}]).grow_job is None
+    withdrawn = {"event": history.EVENT_NEXT, "attempt": 2, "job_id": "7", "how": "stop", "grow_withdrawn": "8", "time": 3}
+    h = history.fold([grow, start, withdrawn])
+    assert h.grow_job is None and "8" in h.jobs  # still one of the run's jobs: cancel asks it too

@@ -181,9 +181,6 @@ def make_plan(spec: JobSpec, site: Site, source: str = "job spec", suspects: dic
         if isinstance(found, list):
             raise ConfigError(source, found)
         elastic = found
-        if found.grow:
-            warnings.append("elastic.grow: growing back to full size is not built yet: a shrunk run finishes at its reduced"
-                            " width (docs/guide/recovery.md, \"Elastic\")")
     for name in secretenv.suspicious(spec.env):
         warnings.append(f"env.{name} looks like a secret, and env values are written to spec.yaml and job.sbatch:"
                         f" list {name} in secret_env instead (its value is then taken from the submitting environment)")

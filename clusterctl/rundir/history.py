@@ -23,6 +23,8 @@ Events, one JSON object per line (`time`: whole seconds since the epoch):
             cancelled_by (the stop came from a cancel: `clusterctl cancel` or `scancel`)
     cancel  by, save                       `clusterctl cancel` was asked
     requeue by, next_job, exclude, overrides   `clusterctl requeue` continued the run
+    grow    attempt, job_id, next_job, exclude, reason   an elastic job that shrank queued its full-size job;
+            a `next` with grow_withdrawn (that job's id) cancelled it
 
 A torn or foreign line is skipped. Keys are only ever added.
 
@@ -51,6 +53,7 @@ EVENT_SIGNAL = "signal"
 EVENT_NEXT = "next"
 EVENT_CANCEL = "cancel"
 EVENT_REQUEUE = "requeue"  # `clusterctl requeue` continued the run by hand
+EVENT_GROW = "grow"  # an elastic job shrank in its allocation and queued its full-size job (next_job) at once
 NEXT_ALLOCATION = "allocation"  # a new attempt inside the same allocation
 NEXT_CONTINUATION = "continuation"  # a new job (next_job), submitted before this one ended
 NEXT_REQUEUE = "requeue"  # scontrol requeue of this job
@@ -172,6 +175,7 @@ class History:
     backend: str | None  # state.json `backend`
     cancel_asked: dict[str, Any] | None  # cancel.json: a cancel (or a requeue's hold) is in force
     preamble: list[dict[str, Any]] = field(default_factory=list)  # events before the first attempt (a stop before any start)
+    grow_job: str | None = None  # an elastic run's full-size job, queued while a shrunk attempt trains, not yet begun
 
     def attempt(self, number: int) -> AttemptHistory | None:
         for a in self.attempts:
@@ -259,6 +263,10 @@ def fold(
         raw_jobs.append(e.get("job_id"))
         if "next_job" in e:
             raw_jobs.append(e["next_job"])
+        if kind == EVENT_GROW:
+            h.grow_job = jobid.native(e.get("next_job")) or None
+        elif h.grow_job and (jobid.native(e.get("job_id")) == h.grow_job or e.get("grow_withdrawn")):
+            h.grow_job = None  # it began (its first event), or was withdrawn
         number = _int(e.get("attempt"))
         if number is not None:
             owner = number

@@ -19,6 +19,7 @@ import signal
 from pathlib import Path
 from typing import Literal
 
+from clusterctl import envnames
 from clusterctl.backends.base import JobInfo
 from clusterctl.backends.slurm.cliquery import parse_scontrol_job
 from clusterctl.backends.slurm.commands import run, slurm_reason
@@ -35,8 +36,10 @@ SlurmEnd = Literal["running", "requeued", "preempted", "timeout", "cancelled"]
 
 
 def clean_env(env: dict[str, str]) -> dict[str, str]:
-    """The job's own SLURM_*/SBATCH_* variables would leak into a job submitted from inside it (its node list, its id)."""
-    return {k: v for k, v in env.items() if k in KEEP_ENV or not k.startswith(JOB_ENV_PREFIXES)}
+    """The job's own SLURM_*/SBATCH_* variables would leak into a job submitted from inside it (its node list, its id),
+    and so would the job it took over from (a grow-back job's CLUSTERCTL_TAKES_OVER)."""
+    return {k: v for k, v in env.items()
+            if k != envnames.TAKES_OVER and (k in KEEP_ENV or not k.startswith(JOB_ENV_PREFIXES))}
 
 
 def job(job_id: str) -> JobInfo | None:
@@ -75,14 +78,17 @@ def restart_count(env: dict[str, str]) -> int:
     return 0
 
 
-def submit_after(script: Path, after_job: str, exclude: list[str], env: dict[str, str]) -> str:
-    """The run's next job, to start once `after_job` has ended, submitted from this process's working directory
-    (the user's submit directory, or its --chdir, which sbatch hands on): the ranks' relative paths mean what they
-    meant in the first job. Raises ClusterctlError with Slurm's reason."""
-    argv = ["sbatch", "--parsable", f"--dependency=afterany:{after_job}"]
+def submit_after(script: Path, after_job: str, exclude: list[str], env: dict[str, str],
+                 extra_env: dict[str, str] | None = None) -> str:
+    """The run's next job, to start once `after_job` has ended (or at once where `after_job` is "": an elastic
+    job's full-size continuation, queued while the shrunk one trains), submitted from this process's working
+    directory (the user's submit directory, or its --chdir, which sbatch hands on): the ranks' relative paths mean
+    what they meant in the first job. `extra_env` goes to the new job's batch script. Raises ClusterctlError with
+    Slurm's reason."""
+    argv = ["sbatch", "--parsable", *([f"--dependency=afterany:{after_job}"] if after_job else [])]
     if exclude:
         argv.append(f"--exclude={hostlist.compress(exclude)}")
-    out = run([*argv, str(script)], cwd=Path(os.getcwd()), env=clean_env(env), timeout=TIMEOUT_S)
+    out = run([*argv, str(script)], cwd=Path(os.getcwd()), env={**clean_env(env), **(extra_env or {})}, timeout=TIMEOUT_S)
     job_id = out.stdout.strip().split(";")[0]
     if out.returncode != 0 or not job_id.isdigit():
         raise ClusterctlError(f"sbatch failed: {slurm_reason(out.stderr or out.stdout)}", ExitCode.BACKEND_UNAVAILABLE)
@@ -111,6 +117,16 @@ def requeue_self(job_id: str, exclude: list[str]) -> str:
     if out.returncode != 0:
         return f"the requeued job may run on {hostlist.compress(exclude)} again: {slurm_reason(out.stderr or out.stdout)}"
     return ""
+
+
+def signal_batch(job_id: str, name: str, env: dict[str, str]) -> str:
+    """Send signal `name` (USR2) to another job's batch shell, as the pre-timeout signal comes: its ranks save,
+    commit and stop. "" when sent, else Slurm's reason."""
+    try:
+        out = run(["scancel", f"--signal={name}", "--batch", job_id], env=clean_env(env), timeout=TIMEOUT_S)
+    except ClusterctlError as exc:
+        return str(exc)
+    return "" if out.returncode == 0 else slurm_reason(out.stderr or out.stdout)
 
 
 def cancel(job_id: str, env: dict[str, str]) -> None:

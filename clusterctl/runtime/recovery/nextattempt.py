@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusterctl import rundir
+from clusterctl import envnames, rundir
 from clusterctl.backends.slurm import batchhost
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import PASSTHROUGH, ExitCode, meaning
@@ -43,6 +43,11 @@ from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, Verdict
 from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.recovery.policy import Decision, Ended, Policy, Situation, decide, pick_hosts, place_in_domains
 from clusterctl.syntax import hostlist
+
+
+TAKE_OVER_MARGIN_S = 120.0  # past the save timeout: the shrunk job's recovery step and exit
+TAKE_OVER_POLL_S = 0.2
+PROGRESS_EVERY_S = 10.0
 
 
 def log(message: str) -> None:
@@ -189,6 +194,12 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
         log(f"the run was stopped by {who}: not starting")
         emit(ACTION="exit", EXIT=int(ExitCode.CANCELLED), HOSTS=alloc)
         return 0
+    if other := env.get(envnames.TAKES_OVER, ""):  # an elastic run's full-size job: the shrunk one stops first
+        told = take_over(run, run_json, other, job_id, env)
+        if told.stopped:
+            log(f"the run stopped in job {other} meanwhile ({told.reason}): nothing to grow into")
+            emit(ACTION="exit", EXIT=0, HOSTS=alloc)
+            return 0
     _close_open_attempt(run, told, job_id)
     exclude = told.avoided(run_json.exclude)
     domain = runjson.host_domains(run_json)
@@ -261,7 +272,16 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
         log(f"attempt {args.attempt} is recorded as exit {decision.record_code} ({meaning(decision.record_code)})")
     vindicate(run, read_hosts(args.hosts_file), args.attempt, decision.record_code)
     width = width_change(run_json, *decision.shrunk) if decision.shrunk else None
-    return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal, failure, width=width)
+    return _carry_out(run, decision, ended, args.attempt, job_id, env, args.signal, failure, width=width,
+                      grow_job=pending_grow(told))
+
+
+def pending_grow(told: history.History) -> str:
+    """The elastic run's full-size job that is queued and has not begun, "" when none (or Slurm has ended it)."""
+    if not told.grow_job:
+        return ""
+    info = batchhost.job(told.grow_job)
+    return "" if info is not None and info.finished else told.grow_job
 
 
 def group_nodes(run_json: runjson.RunJson) -> int:
@@ -302,10 +322,12 @@ def unless_cancelled(run: RunDir, d: Decision) -> Decision:
 
 
 def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str, env: dict[str, str], signal: str | None,
-               failure: Verdict | None = None, width: dict[str, Any] | None = None, **shell: Any) -> int:
+               failure: Verdict | None = None, width: dict[str, Any] | None = None, grow_job: str = "",
+               **shell: Any) -> int:
     """Record how the run goes on and do it, the one place that does (a restart in the allocation, a continuation
     job, a requeue, the end); `failure` is the ended attempt's failing verdict (its culprits' evidence), `width` an
-    elastic shrink's change (width_change), `shell` more assignments for the batch script."""
+    elastic shrink's change (width_change), `grow_job` an elastic run's queued full-size job (pending_grow): the
+    continuation where the run leaves this job, withdrawn where it stops; `shell` more assignments for the batch script."""
     d = unless_cancelled(run, d)  # once more just before submitting: the cancel may have come meanwhile
     common: dict[str, Any] = {
         "attempt": attempt, "job_id": job_id, "exit": d.record_code, "reason": d.reason, "exclude": d.exclude,
@@ -318,8 +340,19 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
     log(d.reason)
     if d.action == "restart":
         history.append(run, history.EVENT_NEXT, how=history.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
+        if d.grow and not grow_job:
+            queue_grow(run, d, attempt, job_id, env)
         emit(ACTION="restart", NEXT_HOSTS=d.hosts, EXIT=d.exit_code, **shell)
         return 0
+    if d.action == "continue" and grow_job:  # the full-size job queued at the shrink is the continuation
+        history.append(run, history.EVENT_NEXT, how=history.NEXT_CONTINUATION, next_job=grow_job, **common)
+        log(f"job {grow_job}, queued at full size when the run shrank, continues the run")
+        emit(ACTION="exit", EXIT=d.exit_code, **shell)
+        return 0
+    if grow_job:  # the run stops, or goes on in this job again (a requeue): nothing to grow into
+        batchhost.cancel(grow_job, env)
+        common["grow_withdrawn"] = grow_job
+        log(f"job {grow_job}, queued at full size when the run shrank, withdrawn")
     if d.action in ("continue", "requeue"):
         try:
             if d.action == "continue":
@@ -347,6 +380,58 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
     history.append(run, history.EVENT_NEXT, how=history.NEXT_SLURM if d.action == "slurm" else history.NEXT_STOP, **common)
     emit(ACTION="exit", EXIT=d.exit_code, **shell)
     return 0
+
+
+def queue_grow(run: RunDir, d: Decision, attempt: int, job_id: str, env: dict[str, str]) -> None:
+    """elastic.grow: the run's full-size job, queued now without the avoided nodes; when Slurm starts it, its
+    `begin` asks this job to save and stop and takes over (take_over). A refusal leaves the run shrunk."""
+    try:
+        grow_job = batchhost.submit_after(run.sbatch, "", d.exclude, env, {envnames.TAKES_OVER: job_id})
+    except ClusterctlError as exc:
+        log(f"warning: the full-size job to grow back into could not be queued ({exc}): the run goes on shrunk")
+        return
+    history.append(run, history.EVENT_GROW, attempt=attempt, job_id=job_id, next_job=grow_job, exclude=d.exclude,
+                   reason=f"shrunk to {len(d.hosts)} nodes: job {grow_job} queued at full size, to take over when it starts")
+    log(f"job {grow_job} queued at full size: the run grows back into it when Slurm starts it")
+
+
+def take_over(run: RunDir, run_json: runjson.RunJson, other: str, job_id: str, env: dict[str, str]) -> history.History:
+    """This job is an elastic run's full-size job, queued by job `other` when the run shrank there: ask that job's
+    batch shell to stop (the pre-timeout signal: its ranks save, commit and exit 85; between two attempts the
+    next one stops at its first step) and wait until its recovery step has handed the run on, so that this job
+    resumes at the committed step + 1. Past the save timeout the other job is cancelled and this one resumes from
+    what is committed. The history read afterwards."""
+    info = batchhost.job(other)
+    if other == job_id or (info is not None and info.finished):
+        told = history.read(run, run_json.standalone)
+        if other != job_id:
+            log(f"growing back: job {other}, where the run shrank, has ended ({info.state if info else '?'})")
+        return told
+    why = batchhost.signal_batch(other, run_json.signal.name, env)
+    if why:
+        log(f"warning: could not ask job {other} to stop ({why}): waiting for it anyway")
+    log(f"growing back: asked job {other}, where the run shrank, to save and stop")
+    began = time.monotonic()
+    limit = float(run_json.watchdog.save_timeout) + TAKE_OVER_MARGIN_S
+    shown = 0.0
+    while True:
+        told = history.read(run, run_json.standalone)
+        waited = time.monotonic() - began
+        if told.position in (history.CONTINUED, history.STOPPED):  # its recovery step handed the run on
+            log(f"job {other} stopped in {waited:.1f} s (committed step {told.committed_step})")
+            return told
+        info = batchhost.job(other)
+        if info is not None and info.finished:
+            log(f"job {other} ended ({info.state}) after {waited:.1f} s without handing the run on")
+            return told
+        if waited > limit:
+            log(f"job {other} did not stop within {limit:.0f} s: cancelling it; resuming from the committed checkpoint")
+            batchhost.cancel(other, env)
+            return told
+        if waited - shown >= PROGRESS_EVERY_S:
+            log(f"waiting for job {other} to save and stop ({waited:.0f} s)")
+            shown = waited
+        time.sleep(TAKE_OVER_POLL_S)
 
 
 def _withdraw(run: RunDir, next_job: str, env: dict[str, str], common: dict[str, Any]) -> None:

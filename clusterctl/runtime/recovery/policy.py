@@ -33,6 +33,11 @@ exit-code table in the reference (clusterctl/exitcodes.py):
   are left (spares replace excluded nodes, the others keep their place),
   else in a new job that excludes them. 80 restarts in the allocation once
   per job, then moves on.
+* An elastic job (run.json `elastic.widths`) that has no spare left for an
+  excluded node shrinks instead of leaving the allocation: the next attempt
+  runs on the largest planned width the healthy nodes fill (`shrink`), and
+  with `elastic.grow` the full-size job is queued at once, to take over when
+  Slurm starts it (runtime/recovery/nextattempt.py carries that out).
 * A fault that repeats the previous one (same code, same culprit nodes) with
   no newer committed checkpoint in between, and excludes no new node, stops
   the run with 87: restarting would only fail again. (Not 80: its rule is
@@ -65,11 +70,13 @@ class Policy:
     budget: int = 3
     mode: Literal["continuation", "requeue", "none"] = "continuation"
     in_allocation: bool = True
+    grow: bool = False  # elastic.grow: a shrink queues the full-size job at once (it takes over when it starts)
 
     @classmethod
     def from_run(cls, run: RunJson) -> Policy:
         r = run.restart
-        return cls(int(r.budget), r.mode, bool(r.in_allocation))  # type: ignore[arg-type]
+        return cls(int(r.budget), r.mode, bool(r.in_allocation),  # type: ignore[arg-type]
+                   bool(run.elastic.grow and run.elastic.widths and r.mode != "none"))
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,7 @@ class Decision:
     exclude: list[str] = field(default_factory=list)  # every node the run now avoids
     newly_excluded: list[str] = field(default_factory=list)  # blamed by this attempt: remembered as suspects
     shrunk: tuple[int, int] | None = None  # restart: an elastic job's (nodes before, nodes now) where it shrank
+    grow: bool = False  # restart: also queue the full-size job now (elastic.grow), which takes over when it starts
     counted: bool = False  # a fault restart, counted against restart.budget
     cancelled_by: str = ""  # the run stops because of a cancel: "clusterctl cancel", "scancel"
 
@@ -305,7 +313,7 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
             return Decision(
                 "restart", code, code, f"{what}; no spare left: shrinking in the allocation from {before} to"
                 f" {len(shrunk)} nodes (elastic)", hosts=shrunk, exclude=exclude, newly_excluded=newly, counted=True,
-                shrunk=(before, len(shrunk)),
+                shrunk=(before, len(shrunk)), grow=policy.grow,
             )
         why = f"{what}; too few healthy nodes left in the allocation" + (
             f" (elastic: not even its smallest width, {s.widths[-1]} nodes)" if s.widths else "")
