@@ -8,6 +8,8 @@ step. Three runs of the same steps on each backend:
 * `elastic`: the second node lost from outside (`clusterctl drill --node`) once
   step KILL_AT is done; the job shrinks to 1 node and finishes there;
 * `clean`: the same job never interrupted, at full size (the loss reference);
+* `grow`: the elastic run with `grow: true`: the full-size job queued at the
+  shrink starts on the idle nodes at once and takes over;
 * `reordered`: the same job at dp 1 from the start (1 node, accumulation 2):
   the same samples in every step, only the order the floats are summed in
   differs. Its largest loss difference from `clean` over the run is
@@ -19,8 +21,10 @@ smaller dp: metrics.jsonl's end of that step minus its step_s),
 difference from `clean` at the same step, the steps after the shrink; before
 it the losses must be bitwise equal), `samples_repeated` and
 `samples_skipped` (over every kept step, against the epoch's stretch each
-step takes), `grow_resume_s` (null: grow-back is not built), and
-`goodput_vs_wait` under the queue-wait model of bench/README.md.
+step takes), `grow_resume_s` (the grow run's pause: the shrunk attempt's last
+step's end to the full-size attempt's first step's start, against the save and
+the cold start it is made of), and `goodput_vs_wait` under the queue-wait model
+of bench/README.md.
 
     python bench/elastic.py [--quick] [--keep]
 
@@ -66,25 +70,25 @@ def show(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def spec(name: str, site: str, runs: Path, nodes: int, steps: int) -> dict[str, Any]:
+def spec(name: str, site: str, runs: Path, nodes: int, steps: int, grow: bool = False) -> dict[str, Any]:
     return {
         "name": name, "site": site, "time_limit": "30m", "nodes": nodes, "gpus_per_node": 1, "runs_root": str(runs),
         "checkpoint": {"interval": 50, "memory_interval": 1}, "model": MODEL, "seq_len": 16,
         "batch": {"micro": MICRO, "global": GLOBAL},
-        **({"elastic": {"min_nodes": 1, "batch": "keep", "grow": False}} if nodes > 1 else {}),
+        **({"elastic": {"min_nodes": 1, "batch": "keep", "grow": grow}} if nodes > 1 else {}),
         "watchdog": {"straggler_factor": 1000},  # a reference run, not a test of verdicts: 2 cores run all of it
         "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "0",
                     "--step-compute-s", f"{STEP_COMPUTE_S:g}", "--record-samples"],
     }
 
 
-def submit(jobs: Jobs, scratch: Path, name: str, site: str, backend: str, nodes: int, steps: int) -> Path:
+def submit(jobs: Jobs, scratch: Path, name: str, site: str, backend: str, nodes: int, steps: int, grow: bool = False) -> Path:
     from clusterctl.actions.submit import submit_job
     from clusterctl.plan.job import load_job
 
     scratch.mkdir(parents=True, exist_ok=True)
     path = scratch / f"{name}.yaml"
-    path.write_text(json.dumps(spec(name, site, scratch / "runs", nodes, steps)))
+    path.write_text(json.dumps(spec(name, site, scratch / "runs", nodes, steps, grow)))
     done = submit_job(load_job(path), backend)
     jobs.runs.append((done.run.path, backend))
     return done.run.path
@@ -155,14 +159,44 @@ def elastic_run(jobs: Jobs, scratch: Path, site: str, backend: str, steps: int, 
     }
 
 
-def goodput_vs_wait(dp_before: int, dp_after: int, pause_s: float) -> dict[str, float]:
-    """The work done over HORIZON_S after the loss, in full-width hours: shrinking (at dp_after/dp_before from
-    pause_s on, to the end: no grow-back) against a continuation job that waits WAIT_S and starts cold."""
-    shrink = dp_after / dp_before * max(0.0, HORIZON_S - pause_s)
+def grow_run(jobs: Jobs, scratch: Path, site: str, backend: str, steps: int, kill_at: int) -> dict[str, Any]:
+    """The same loss with `grow: true`: the full-size job queued at the shrink starts on the idle nodes and takes
+    over. The pause: the shrunk attempt's last step's end to the full-size attempt's first step's start."""
+    submitted = time.time()
+    run = submit(jobs, scratch, "grow", site, backend, 2, steps, grow=True)
+    show(f"{backend}: grow-back run {run.name}: training to step {kill_at}")
+    first = run / "attempt-1"
+    wait_steps(first, kill_at, 240, show)
+    hosts = (read_json(first / "attempt.json") or {}).get("hosts") or []
+    drill_report(drill(run, "--node", str(hosts[1])))
+    finished(run, steps, 300)
+    nexts = [e for e in records(run / "attempts.jsonl") if e.get("event") == "next"]
+    if len(nexts) < 2 or nexts[1].get("how") != "continuation" or len(attempts(run)) < 3:
+        raise Misbehaved(f"no hand-over to the full-size job\n{describe(run)}")
+    first_steps, shrunk, full = (records(run / f"attempt-{n}" / "metrics.jsonl") for n in (1, 2, 3))
+    starts = {e.get("attempt"): float(e["time"]) for e in records(run / "attempts.jsonl") if e.get("event") == "start"}
+    saved = (read_json(run / "attempt-2" / "phase-times.json") or {}).get("save")
+    began = full[0]["t"] - full[0]["step_s"]
+    pause = began - shrunk[-1]["t"]
+    # The cold start a continuation job takes on an idle cluster: this job's submission to its first step.
+    cold = first_steps[0]["t"] - first_steps[0]["step_s"] - submitted
+    return {"grow_resume_s": round(pause, 3), "grow_save_s": saved, "grow_cold_start_s": round(cold, 3),
+            "grow_attempt_start_s": round(began - starts[3], 3),
+            "grow_within_target": saved is not None and pause <= 2 * saved + cold,
+            "grow_steps_lost": shrunk[-1]["step"] - (full[0]["step"] - 1),
+            **{f"grow_{k}": v for k, v in samples(run, steps).items()}}
+
+
+def goodput_vs_wait(dp_before: int, dp_after: int, shrink_s: float, grow_s: float) -> dict[str, float]:
+    """The work done over HORIZON_S after the loss, in full-width hours, against a continuation job that waits
+    WAIT_S and starts cold: shrinking after shrink_s, training at dp_after/dp_before through the wait, then the
+    full-size job taking over after a pause of grow_s (grow: true); and without grow-back, shrunk to the end."""
     wait = max(0.0, HORIZON_S - WAIT_S - COLD_START_S)
-    shrink_grow = dp_after / dp_before * max(0.0, WAIT_S - pause_s) + max(0.0, HORIZON_S - WAIT_S - COLD_START_S)
-    return {"goodput_vs_wait": round(shrink / wait, 3), "goodput_vs_wait_with_grow": round(shrink_grow / wait, 3),
-            "goodput_vs_wait_64_nodes": round((63 / 64) * max(0.0, HORIZON_S - pause_s) / wait, 3)}
+    share = dp_after / dp_before
+    grow = share * max(0.0, WAIT_S - shrink_s) + max(0.0, HORIZON_S - WAIT_S - grow_s)
+    return {"goodput_vs_wait": round(grow / wait, 3),
+            "goodput_vs_wait_without_grow": round(share * max(0.0, HORIZON_S - shrink_s) / wait, 3),
+            "goodput_vs_wait_64_nodes": round(((63 / 64) * max(0.0, WAIT_S - shrink_s) + max(0.0, HORIZON_S - WAIT_S - grow_s)) / wait, 3)}
 
 
 def measure(jobs: Jobs, scratch: Path, site: str, backend: str, steps: int, kill_at: int) -> dict[str, Any]:
@@ -180,11 +214,12 @@ def measure(jobs: Jobs, scratch: Path, site: str, backend: str, steps: int, kill
     delta = max(abs(ours[s] - ref[s]) for s in after)
     tolerance = max(abs(other[s] - ref[s]) for s in range(steps))
     dp = got["width"]["dp"]
+    grown = grow_run(jobs, scratch, site, backend, steps, kill_at)
     return {
         "shrink_resume_s": got["shrink_resume_s"], "steps_lost": got["steps_lost"],
         "loss_delta_vs_clean": delta, "loss_tolerance": tolerance, "within_tolerance": delta <= tolerance,
-        **samples(got["run"], steps), "grow_resume_s": None,
-        **goodput_vs_wait(dp[0], dp[1], got["shrink_resume_s"] + (got["detect_s"] or 0.0)),
+        **samples(got["run"], steps), **grown,
+        **goodput_vs_wait(dp[0], dp[1], got["shrink_resume_s"] + (got["detect_s"] or 0.0), grown["grow_resume_s"]),
         "detect_s": got["detect_s"], "width": got["width"], "resumed_from": got["resumed_from"],
     }
 

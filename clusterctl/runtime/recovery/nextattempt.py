@@ -1,13 +1,17 @@
 """The batch script's recovery step: gather the facts, ask runtime/recovery/policy.py, carry it out.
 
     python -m clusterctl.runtime.recovery.nextattempt begin --run-dir D --nodes N
+    python -m clusterctl.runtime.recovery.nextattempt take-over --run-dir D --nodes N --job J
     python -m clusterctl.runtime.recovery.nextattempt after --run-dir D --nodes N --attempt A --code C
                                               [--controller-exit E] [--srun-exit R] [--signal SIG] [--hosts-file F]
 
-Both print shell assignments (values through shlex.quote) that the batch
-script evals: ACTION (run, restart or exit), NEXT_HOSTS (the next attempt's
-nodes), HOSTS (the allocation's, from `begin`) and EXIT (the batch script's
-own exit status). `begin` runs once per job, before anything starts on the
+Each prints shell assignments (values through shlex.quote) that the batch
+script evals: ACTION (run, restart, take-over or exit), NEXT_HOSTS (the next
+attempt's nodes), HOSTS (the allocation's, from `begin`), TAKE_OVER and EXIT
+(the batch script's own exit status). `take-over` runs in an elastic run's
+full-size job (queued when the run shrank, CLUSTERCTL_TAKES_OVER) once its
+warm servers are starting: it asks the shrunk job to save and stop, waits
+for the hand-over and then picks the nodes as `begin` does. `begin` runs once per job, before anything starts on the
 nodes: it stops a cancelled run, records the end of an attempt whose batch
 host died, and picks nodes that avoid the run's culprits (a requeued job may
 land on them). `after` runs after every attempt: it takes the attempt's code
@@ -194,12 +198,36 @@ def begin(run: RunDir, nodes: int, env: dict[str, str]) -> int:
         log(f"the run was stopped by {who}: not starting")
         emit(ACTION="exit", EXIT=int(ExitCode.CANCELLED), HOSTS=alloc)
         return 0
-    if other := env.get(envnames.TAKES_OVER, ""):  # an elastic run's full-size job: the shrunk one stops first
-        told = take_over(run, run_json, other, job_id, env)
-        if told.stopped:
-            log(f"the run stopped in job {other} meanwhile ({told.reason}): nothing to grow into")
-            emit(ACTION="exit", EXIT=0, HOSTS=alloc)
-            return 0
+    other = env.get(envnames.TAKES_OVER, "")
+    if other and other != job_id and ((info := batchhost.job(other)) is None or not info.finished):
+        # An elastic run's full-size job while the shrunk one still trains: the batch script starts this job's warm
+        # servers, then asks `take-over`, which stops the shrunk job and picks the nodes.
+        emit(ACTION="take-over", TAKE_OVER=other, HOSTS=alloc)
+        return 0
+    return start_here(run, run_json, told, nodes, job_id, alloc, env)
+
+
+def taking_over(run: RunDir, nodes: int, other: str, env: dict[str, str]) -> int:
+    """The `take-over` step: the shrunk job stops and hands the run on (take_over), then this job starts it."""
+    run_json = runjson.read(run.path) or runjson.RunJson()
+    job_id = env.get("SLURM_JOB_ID", "")
+    alloc = allocation(env)
+    told = take_over(run, run_json, other, job_id, env)
+    if who := told.cancel_by:
+        log(f"the run was stopped by {who} meanwhile: not starting")
+        emit(ACTION="exit", EXIT=int(ExitCode.CANCELLED))
+        return 0
+    if told.stopped:
+        log(f"the run stopped in job {other} meanwhile ({told.reason}): nothing to grow into")
+        emit(ACTION="exit", EXIT=0)
+        return 0
+    return start_here(run, run_json, told, nodes, job_id, alloc, env)
+
+
+def start_here(run: RunDir, run_json: runjson.RunJson, told: history.History, nodes: int, job_id: str,
+               alloc: list[str], env: dict[str, str]) -> int:
+    """The first attempt of this job: an attempt whose batch host died is recorded, and the nodes avoid the run's
+    culprits (a requeued or continued job may land on them)."""
     _close_open_attempt(run, told, job_id)
     exclude = told.avoided(run_json.exclude)
     domain = runjson.host_domains(run_json)
@@ -442,7 +470,7 @@ def _withdraw(run: RunDir, next_job: str, env: dict[str, str], common: dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusterctl.runtime.recovery.nextattempt")
-    parser.add_argument("step", choices=["begin", "after"])
+    parser.add_argument("step", choices=["begin", "take-over", "after"])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--attempt", type=int, default=0)
@@ -451,11 +479,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--srun-exit", type=int, default=None)
     parser.add_argument("--signal", default="")
     parser.add_argument("--hosts-file", default=None)
+    parser.add_argument("--job", default="", help="take-over: the job where the run shrank")
     args = parser.parse_args(argv)
     run = RunDir(Path(args.run_dir))
     env = dict(os.environ)
     if args.step == "begin":
         return begin(run, args.nodes, env)
+    if args.step == "take-over":
+        return taking_over(run, args.nodes, args.job, env)
     return after(run, args, env)
 
 
