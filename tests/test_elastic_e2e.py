@@ -20,14 +20,14 @@ import json
 from pathlib import Path
 
 import pytest
-
+from helpers import cli
 from test_recovery_e2e import drill, first_step, losses, nexts, nothing_left, status, story, submit, wait_for
 
 from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir, history
-from clusterctl.trainer.sampler import DistributedSampler
 from clusterctl.trainer.loop import DATASET_SIZE
+from clusterctl.trainer.sampler import DistributedSampler
 
 STEPS, MICRO, GLOBAL = 120, 2, 4
 
@@ -90,3 +90,26 @@ def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_
     taken = samples_by_step(run)
     whole = DistributedSampler(DATASET_SIZE, 0, 1)
     assert {s: sorted(ids) for s, ids in taken.items()} == {s: sorted(whole.take(GLOBAL)) for s in range(STEPS)}
+
+
+def test_a_script_that_is_not_elastic_fails_at_the_shrunk_width_and_the_run_waits_for_its_full_width(tmp_path: Path) -> None:
+    """Its per-rank files are keyed by the rank count: at dp 1 every rank fails the same way. No node is blamed for
+    it, the run does not stop as for a script bug at full width: it goes on at full width in a new job, and shrinks
+    no more."""
+    script = Path(__file__).parent / "programs" / "not_elastic.py"
+    done = submit("local", tmp_path, "plain", elastic={"min_nodes": 1},
+                  command=["python3", str(script), str(tmp_path / "state"), "2"])
+    run = done.run
+    wait_for("both ranks' state", lambda: len(list((tmp_path / "state").glob("rank-*-of-2.txt"))) == 2, run=run)
+    hosts = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"]
+    assert drill(run, "--node", hosts[1])["culprit_right"]
+    shrink, refused = wait_for("the shrink and its refusal", lambda: len(nexts(run)) > 1 and nexts(run)[:2], run=run)
+    assert shrink["how"] == history.NEXT_ALLOCATION and shrink["width"]["dp"] == [2, 1], story(run)
+    assert (refused["exit"], refused["how"], refused["unelastic"]) == (ExitCode.SCRIPT_ERROR, history.NEXT_CONTINUATION, True)
+    assert "failed at the shrunk width (1 of 2 nodes)" in refused["reason"] and "An elastic script" in refused["reason"]
+    third = wait_for("attempt 3", lambda: (run.attempt(3) / rundir.ATTEMPT_JSON).exists()
+                     and json.loads((run.attempt(3) / rundir.ATTEMPT_JSON).read_text()), run=run)
+    assert third["job_id"] == refused["next_job"] and len(third["hosts"]) == 2  # full width again
+    assert history.read(run).unelastic
+    assert cli("cancel", str(run.path)).exit_code == 0
+    nothing_left("local", run)

@@ -342,3 +342,15 @@ def test_the_history_knows_the_full_size_job_until_it_begins_or_is_withdrawn() -
     withdrawn = {"event": history.EVENT_NEXT, "attempt": 2, "job_id": "7", "how": "stop", "grow_withdrawn": "8", "time": 3}
     h = history.fold([grow, start, withdrawn])
     assert h.grow_job is None and "8" in h.jobs  # still one of the run's jobs: cancel asks it too
+
+
+def test_a_script_that_fails_at_the_shrunk_width_is_not_elastic_and_waits_for_its_full_width() -> None:
+    four = ("n1", "n2", "n3", "n4")
+    bug = Ended(ExitCode.SCRIPT_ERROR, (), 10, "every rank: KeyError: 'rank-3-of-4.pt'")
+    shrunk = situation(allocation=four, rank_hosts=("n1", "n2", "n4"), nodes=4, widths=(3,), excluded=("n3",))
+    d = decide(bug, shrunk, Policy())
+    assert (d.action, d.unelastic, d.exclude) == ("continue", True, ["n3"])
+    assert "failed at the shrunk width (3 of 4 nodes)" in d.reason and "An elastic script" in d.reason
+    full = situation(allocation=four, rank_hosts=four, nodes=4, widths=(3,))
+    assert decide(bug, full, Policy()).action == "stop"  # at full width the script's error stops the run, as ever
+    assert history.fold([{"event": "next", "attempt": 2, "job_id": "7", "how": "continuation", "unelastic": True}]).unelastic

@@ -20,6 +20,7 @@ Events, one JSON object per line (`time`: whole seconds since the epoch):
             culprit_ranks, fault, signature (the verdict's: the next fault is judged against them),
             committed_step, next_job (continuation), hosts/replaced (allocation),
             width (allocation: an elastic job's change of nodes, dp and batch, each [before, after]),
+            unelastic (the script failed at a shrunk width: the run shrinks no more),
             cancelled_by (the stop came from a cancel: `clusterctl cancel` or `scancel`)
     cancel  by, save                       `clusterctl cancel` was asked
     requeue by, next_job, exclude, overrides   `clusterctl requeue` continued the run
@@ -176,6 +177,7 @@ class History:
     cancel_asked: dict[str, Any] | None  # cancel.json: a cancel (or a requeue's hold) is in force
     preamble: list[dict[str, Any]] = field(default_factory=list)  # events before the first attempt (a stop before any start)
     grow_job: str | None = None  # an elastic run's full-size job, queued while a shrunk attempt trains, not yet begun
+    unelastic: bool = False  # its script failed at a shrunk width (a `next` with unelastic): the run shrinks no more
 
     def attempt(self, number: int) -> AttemptHistory | None:
         for a in self.attempts:
@@ -317,6 +319,7 @@ def fold(
                 h.cancelled_by, h.exit_code = by, int(ExitCode.CANCELLED)
             if isinstance(e.get("exclude"), list):
                 h.exclude = [str(n) for n in e["exclude"]]
+            h.unelastic = h.unelastic or bool(e.get("unelastic"))
             if e.get("counted"):
                 faults.append(Fault(int(e.get("exit") or 0), tuple(str(x) for x in e.get("culprit_hosts") or ()),
                                     _int(e.get("committed_step")), jobid.native(e.get("job_id")), str(e.get("fault") or ""),

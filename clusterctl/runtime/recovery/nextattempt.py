@@ -48,7 +48,6 @@ from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.recovery.policy import Decision, Ended, Policy, Situation, decide, pick_hosts, place_in_domains
 from clusterctl.syntax import hostlist
 
-
 TAKE_OVER_MARGIN_S = 120.0  # past the save timeout: the shrunk job's recovery step and exit
 TAKE_OVER_POLL_S = 0.2
 PROGRESS_EVERY_S = 10.0
@@ -288,7 +287,8 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
         tuple(h for h in told.avoided(run_json.exclude) if h not in back), end, told.cancel_by,
-        runjson.host_domains(run_json), tuple(w.nodes for w in run_json.elastic.widths), group_nodes(run_json),
+        runjson.host_domains(run_json), () if told.unelastic else tuple(w.nodes for w in run_json.elastic.widths),
+        group_nodes(run_json),
     )
     decision = unless_cancelled(run, decide(ended, situation, Policy.from_run(run_json)))
     said = ended.reason
@@ -363,6 +363,7 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
         "culprit_ranks": list(ended.culprit_ranks), "fault": ended.fault, "signature": ended.signature,
         **({"cancelled_by": d.cancelled_by} if d.cancelled_by else {}),
         **({"width": width} if width else {}),
+        **({"unelastic": True} if d.unelastic else {}),
     }
     remember(run, d, ended, attempt, failure)
     log(d.reason)

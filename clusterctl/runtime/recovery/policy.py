@@ -105,7 +105,8 @@ class Situation:
     slurm_end: SlurmEnd = "running"
     cancel_by: str = ""  # who asked the run to stop (rundir.CANCEL), e.g. "clusterctl cancel"
     domain: Mapping[str, str] = field(default_factory=dict)  # node -> NVLink domain (block sites with segments)
-    widths: tuple[int, ...] = ()  # an elastic job's smaller node counts, largest first (run.json elastic.widths)
+    widths: tuple[int, ...] = ()  # an elastic job's smaller node counts, largest first (run.json elastic.widths;
+    #                               none once its script failed at a shrunk width: history.unelastic)
     group_nodes: int = 1  # nodes one model-parallel group spans (tp*cp*pp ranks): kept in one domain when shrinking
 
 
@@ -121,6 +122,7 @@ class Decision:
     newly_excluded: list[str] = field(default_factory=list)  # blamed by this attempt: remembered as suspects
     shrunk: tuple[int, int] | None = None  # restart: an elastic job's (nodes before, nodes now) where it shrank
     grow: bool = False  # restart: also queue the full-size job now (elastic.grow), which takes over when it starts
+    unelastic: bool = False  # the script failed at a shrunk width: the run shrinks no more
     counted: bool = False  # a fault restart, counted against restart.budget
     cancelled_by: str = ""  # the run stops because of a cancel: "clusterctl cancel", "scancel"
 
@@ -253,6 +255,12 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
     if code == ExitCode.PRE_TIMEOUT or s.slurm_end in ("preempted", "timeout"):
         return _leave(Decision("continue", 0, int(ExitCode.PRE_TIMEOUT), "", exclude=exclude), policy,
                       "stopped before the time limit or a preemption with its checkpoint committed")
+    if code == ExitCode.SCRIPT_ERROR and s.widths and 0 < len(s.rank_hosts) < s.nodes:
+        return _leave(Decision("continue", code, code, "", exclude=exclude, counted=True, unelastic=True), policy,
+                      f"{ended.reason or 'the script failed on every rank'}; it failed at the shrunk width ({len(s.rank_hosts)}"
+                      f" of {s.nodes} nodes): a script that is not elastic (per-rank state, data split by the world size:"
+                      " docs/guide/own-script.md, \"An elastic script\") cannot shrink, so the run shrinks no more and waits"
+                      " for its full width")
     if code == ExitCode.SCRIPT_ERROR:
         return Decision("stop", code, code, ended.reason or "the script's own error: no node is blamed", exclude=exclude)
     if code not in FAULTS:
