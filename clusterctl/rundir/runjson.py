@@ -70,21 +70,21 @@ class BatchRecord:
 class WidthRecord:
     """One smaller width an elastic job may train at (plan/elastic.py's Width): its nodes, dp and batch."""
 
-    nodes: int = 0
-    dp: int = 1
-    micro: int = 1
-    grad_accum: int = 1
-    global_: int = _key("global", default=1)
+    nodes: int = 0  # nodes an attempt at this width runs on
+    dp: int = 1  # its data-parallel size (tp, cp, pp as planned)
+    micro: int = 1  # its micro-batch per rank
+    grad_accum: int = 1  # its gradient accumulation steps
+    global_: int = _key("global", default=1)  # its global batch: micro x accumulation x dp
 
 
 @dataclass(frozen=True)
 class ElasticRecord:
     """The spec's elastic section as planned: the widths below the full one, largest first (none: not elastic)."""
 
-    batch: str = "keep"
-    grow: bool = False
-    min_nodes: int = 0
-    widths: tuple[WidthRecord, ...] = ()
+    batch: str = "keep"  # keep: the global batch stays exact through accumulation; shrink: it follows dp
+    grow: bool = False  # a shrink queues the full-size job, which takes over when it starts
+    min_nodes: int = 0  # the smallest width's nodes
+    widths: tuple[WidthRecord, ...] = ()  # the widths below the full one the job may shrink to, largest first
 
 
 @dataclass(frozen=True)
