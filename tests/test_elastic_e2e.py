@@ -29,7 +29,7 @@ from clusterctl.rundir import RunDir, history
 from clusterctl.trainer.loop import DATASET_SIZE
 from clusterctl.trainer.sampler import DistributedSampler
 
-STEPS, MICRO, GLOBAL = 120, 2, 4
+STEPS, MICRO, GLOBAL = 80, 2, 4
 
 
 def samples_by_step(run: RunDir) -> dict[int, list[int]]:

@@ -42,3 +42,19 @@ def test_outside_a_job_the_trainer_keeps_its_own_devices(tmp_path: Path, monkeyp
     monkeypatch.delenv(envnames.RUN_DIR, raising=False)
     options = Clusterctl(directory=tmp_path / "ckpt").trainer_options(devices=2)
     assert options["devices"] == 2 and "num_nodes" not in options and len(options["callbacks"]) == 1
+
+
+def test_after_an_elastic_shrink_the_full_size_trainer_call_still_works_and_the_batch_is_kept(tmp_path: Path,
+                                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    plan = {"world_size": 32, "nodes": 4, "gpus_per_node": 8, "parallel": {"dp": 32}, "batch": {"micro": 2, "grad_accum": 3},
+            "elastic": {"batch": "keep", "widths": [{"nodes": 3, "dp": 24, "micro": 2, "grad_accum": 4, "global": 192}]}}
+    (tmp_path / "run.json").write_text(json.dumps(plan))
+    in_a_job(monkeypatch, tmp_path, 24)  # shrunk from 4 nodes to 3
+    cc = Clusterctl(directory=tmp_path / "ckpt")
+    options = cc.trainer_options(devices=8, num_nodes=4, accumulate_grad_batches=3)  # written for the full size
+    assert (options["num_nodes"], options["accumulate_grad_batches"]) == (24, 4)  # 2 x 4 x 24 = 2 x 3 x 32
+    assert cc.trainer_options()["accumulate_grad_batches"] == 4  # the plan's accumulation when the call gives none
+    with pytest.raises(ValueError, match="makes 16 processes"):
+        cc.trainer_options(devices=4, num_nodes=4)  # neither the full size nor this width

@@ -354,3 +354,32 @@ def test_a_script_that_fails_at_the_shrunk_width_is_not_elastic_and_waits_for_it
     full = situation(allocation=four, rank_hosts=four, nodes=4, widths=(3,))
     assert decide(bug, full, Policy()).action == "stop"  # at full width the script's error stops the run, as ever
     assert history.fold([{"event": "next", "attempt": 2, "job_id": "7", "how": "continuation", "unelastic": True}]).unelastic
+
+
+def test_the_queued_full_size_job_continues_a_run_that_leaves_and_is_withdrawn_when_it_stops(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """An elastic run shrank and queued job 8: the shrunk attempt's stop (85, the take-over's signal) hands the run to
+    job 8 without submitting another; a run that finishes instead cancels job 8."""
+    from clusterctl.rundir import RunDir
+    from clusterctl.runtime.recovery import nextattempt
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(nextattempt.batchhost, "job", lambda job: JobInfo(job, "PENDING" if job == "8" else "RUNNING"))
+    monkeypatch.setattr(nextattempt.batchhost, "ending", lambda *_: "running")
+    monkeypatch.setattr(nextattempt.batchhost, "submit_after", lambda *a, **k: calls.append(("submit", "")) or "9")
+    monkeypatch.setattr(nextattempt.batchhost, "cancel", lambda job, env: calls.append(("cancel", job)))
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    for code, how in ((ExitCode.PRE_TIMEOUT, history.NEXT_CONTINUATION), (ExitCode.OK, history.NEXT_STOP)):
+        run_dir = tmp_path / str(code)
+        (run_dir / "attempt-2").mkdir(parents=True)
+        (run_dir / "run.json").write_text("{}")
+        history.append(RunDir(run_dir), history.EVENT_GROW, attempt=1, job_id="7", next_job="8")
+        history.append(RunDir(run_dir), history.EVENT_START, attempt=2, job_id="7")
+        nextattempt.main(["after", "--run-dir", str(run_dir), "--nodes", "2", "--attempt", "2", "--code", str(code),
+                          "--signal", "USR2" if code else ""])
+        last = history.read_events(run_dir / "attempts.jsonl")[-1]
+        assert last["how"] == how
+        if code == ExitCode.PRE_TIMEOUT:
+            assert last["next_job"] == "8" and calls == []  # no second continuation
+        else:
+            assert last["grow_withdrawn"] == "8" and calls == [("cancel", "8")]

@@ -405,3 +405,23 @@ def test_the_attempts_table_fits_80_columns_without_breaking_a_word(tmp_path: Pa
     assert lines and max(map(len, lines)) <= 80, shown
     assert any(" straggler " in line for line in lines) and not any(line.rstrip().endswith("straggl") for line in lines), shown
     assert not any(line.rstrip().endswith(("scrip", "strag")) for line in lines), shown
+
+
+def test_a_shrunk_run_shows_its_width_change_and_the_full_size_job_queued_to_grow_back(tmp_path: Path) -> None:
+    width = {"nodes": [2, 1], "world_size": [4, 2], "dp": [4, 2], "grad_accum": [1, 2], "global_batch": [8, 8]}
+    run = Run(tmp_path).attempt(1, T0, 0, 39)
+    run.end(1, ExitCode.NODE_LOST, T0 + 21, history.NEXT_ALLOCATION, "exit 86; no spare left: shrinking", width=width,
+            hosts=["n1"])
+    run.event(history.EVENT_GROW, attempt=1, job_id="100", next_job="101", time=T0 + 21)
+    run.attempt(2, T0 + 22, 40, 45, hosts=("n1",))
+    st = derive(run.dir, {"100": JobInfo("100", "RUNNING")}, now=T0 + 30)
+    assert (st.state, st.grow_job, st.attempts[0].width["dp"]) == ("training", "101", [4, 2])
+    from rich.console import Console
+
+    from clusterctl.cli.status_view import run_screen
+
+    console = Console(width=200, record=True)
+    console.print(run_screen(st, now=T0 + 30))
+    shown = console.export_text()
+    assert "restart dp 4 → 2" in shown and "full-size job 101 queued to grow back" in shown, shown
+    assert st.as_dict()["grow_job"] == "101"

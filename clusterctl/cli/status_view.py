@@ -121,6 +121,8 @@ def run_screen(st: RunState, now: float | None = None) -> RenderableType:
     if progress(st):
         facts.append(progress(st))
     facts.append(f"checkpoint step {st.checkpoint}" if st.checkpoint is not None else "no committed checkpoint")
+    if st.grow_job:
+        facts.append(f"full-size job {jobid.display(st.grow_job, st.backend)} queued to grow back")
     if st.allocated_gpu_hours:
         facts.append(goodput_line(st))
     facts.append(f"last change {ago(st.last_change, now)}")

@@ -120,6 +120,7 @@ class RunState:
     startup_gpu_hours: float | None = None  # each attempt's start to its first step
     other_gpu_hours: float | None = None  # saves, evaluations, idle spares, wind-down, restart gaps
     step_s: float | None = None  # seconds a step over the current attempt's steps (the step watcher's, no record() needed)
+    grow_job: str | None = None  # an elastic run shrunk: its full-size job, queued to take over when it starts
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunState":
@@ -137,6 +138,7 @@ class RunState:
         for attempt in data["attempts"]:
             attempt["job_id"] = jobid.display(attempt["job_id"], self.backend)
             attempt["next_job"] = jobid.display(attempt["next_job"], self.backend)
+        data["grow_job"] = jobid.display(self.grow_job, self.backend) if self.grow_job else None
         return data
 
 
@@ -331,6 +333,7 @@ def _derive(
         startup_gpu_hours=hours(split.startup),
         other_gpu_hours=hours(split.other),
         step_s=round(per_step, 6) if per_step else None,
+        grow_job=h.grow_job if not h.stopped else None,
     )
 
 

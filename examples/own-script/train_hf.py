@@ -47,8 +47,8 @@ def main() -> None:
         time.sleep(step_s)  # stands in for a real model's compute
         return default_data_collator(samples)
 
-    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(4096, 32, 64), data_collator=collate,
-                      callbacks=[cc])  # clusterctl
+    trainer = Trainer(model=model, args=cc.training_args(args), train_dataset=RandomTokens(4096, 32, 64),
+                      data_collator=collate, callbacks=[cc])  # clusterctl: the accumulation at an elastic width
     began = time.perf_counter()
     trainer.train(resume_from_checkpoint=cc.resume_from())  # clusterctl: the newest committed checkpoint
     if trainer.is_world_process_zero():

@@ -30,10 +30,12 @@ import secrets
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
+from clusterctl import envnames
 from clusterctl.checkpoint.errors import CheckpointError
 from clusterctl.checkpoint.filesets import commit_files
 from clusterctl.checkpoint.generations import Generation, resumable
 from clusterctl.checkpoint.snapshots import Restored, Snapshots, open_snapshots
+from clusterctl.rundir import runjson
 from clusterctl.runtime.rank import heartbeat as heartbeats
 from clusterctl.runtime.rank.stoprequest import StopRequest, agree_max, exit_stopped
 from clusterctl.trainer import runrecord
@@ -66,6 +68,21 @@ class FrameworkLoop:
         self.snapshots: Snapshots | None = None
 
     # --- resume ------------------------------------------------------------------
+    def kept_accumulation(self, given: Any) -> int | None:
+        """After an elastic shrink with `batch: keep`: the accumulation that keeps the global batch at this width
+        (the given one, else the plan's, scaled by the plan's dp over this width's); None at the full width or
+        outside clusterctl. ValueError where no whole number does."""
+        run_dir = os.environ.get(envnames.RUN_DIR)
+        plan = runjson.read(Path(run_dir)) if run_dir else None
+        if plan is None or not plan.elastic.widths or self.world == plan.world_size or plan.elastic.batch != "keep":
+            return None
+        accum = given if isinstance(given, int) and given > 0 else plan.batch.grad_accum
+        dp = plan.at_width(self.world // max(1, plan.gpus_per_node)).parallel.dp
+        if (accum * plan.parallel.dp) % dp:
+            raise ValueError(f"a gradient accumulation of {accum} at dp {plan.parallel.dp} has no whole counterpart at"
+                             f" this shrunk width's dp {dp}: the global batch cannot be kept (elastic.batch: keep)")
+        return accum * plan.parallel.dp // dp
+
     def resume(self) -> Generation | Restored | None:
         """What to resume from, the same on every rank: an in-memory snapshot, the newest committed generation, or nothing.
 

@@ -4,7 +4,7 @@
     from clusterctl.integrations.hf import ClusterctlCallback
 
     cc = ClusterctlCallback()                            # checkpoint dir, interval, keep from the job spec
-    trainer = Trainer(model, args, train_dataset=data, callbacks=[cc])
+    trainer = Trainer(model, cc.training_args(args), train_dataset=data, callbacks=[cc])
     trainer.train(resume_from_checkpoint=cc.resume_from())   # the newest committed checkpoint, or None
 
 What the callback does:
@@ -31,6 +31,7 @@ state there), as the checkpoint directory is.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import random
@@ -59,6 +60,17 @@ class ClusterctlCallback(TrainerCallback):
         self.loop = FrameworkLoop("hf", directory=directory, interval=interval, keep=keep)
         self._stopping = False
         self._unpacked: Path | None = None  # an in-memory snapshot laid out for the Trainer to resume from
+
+    def training_args(self, args: Any) -> Any:
+        """Your TrainingArguments at this attempt's width: after an elastic shrink with `batch: keep`,
+        `gradient_accumulation_steps` scaled by the plan's dp over the shrunk one, so the global batch stays (the
+        Trainer's own sampler decides the batches: the data position is not exact across the change)."""
+        kept = self.loop.kept_accumulation(args.gradient_accumulation_steps)
+        if kept is None or kept == args.gradient_accumulation_steps:
+            return args
+        shrunk = copy.copy(args)  # not dataclasses.replace: its __post_init__ would set up the devices again
+        shrunk.gradient_accumulation_steps = kept
+        return shrunk
 
     def resume_from(self) -> str | None:
         """For `trainer.train(resume_from_checkpoint=...)`: the newest committed checkpoint's folder, or None.

@@ -24,7 +24,10 @@
 * `devices=1, num_nodes=WORLD_SIZE`: each rank is one process with its one
   GPU (clusterctl makes only that one visible), so Lightning sees one-device
   "nodes": `trainer.local_rank` is 0 on every rank and `prepare_data` runs
-  on each (use `prepare_data_per_node=False` for a download).
+  on each (use `prepare_data_per_node=False` for a download);
+* after an elastic shrink with `batch: keep`, `accumulate_grad_batches`
+  scaled by the plan's dp over the shrunk one, so the global batch stays
+  (the data order is then Lightning's own sampler's, not exact across the change).
 Step N is Lightning's `global_step` N + 1 (clusterctl counts steps from 0).
 A mid-epoch resume restores the loops' counters and the optimizer; the
 batches of that epoch are those of a stateful dataloader, or start again.
@@ -43,6 +46,7 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment
 from clusterctl import envnames
 from clusterctl.checkpoint.snapshots import Restored
 from clusterctl.integrations.rank.framework import FrameworkLoop
+from clusterctl.rundir import runjson
 
 CHECKPOINT_FILE = "lightning.ckpt"
 
@@ -178,8 +182,10 @@ class Clusterctl:
         options["callbacks"] = [*_as_list(given.get("callbacks")), ClusterctlCallback(self.loop)]
         if ClusterctlEnvironment.detect():
             world = int(os.environ["WORLD_SIZE"])
+            plan = runjson.read(Path(os.environ[envnames.RUN_DIR]))  # the full-size plan, whatever this attempt's width
+            planned = {world, plan.world_size} if plan is not None and plan.elastic.widths else {world}
             devices, nodes = given.get("devices"), given.get("num_nodes", 1)
-            if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) and devices * nodes != world:
+            if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) and devices * nodes not in planned:
                 raise ValueError(
                     f"Trainer(devices={devices}, num_nodes={nodes}) makes {devices * nodes} processes, but this"
                     f" clusterctl job has {world} ranks (the spec's nodes x gpus_per_node): leave devices and"
@@ -187,6 +193,9 @@ class Clusterctl:
                 )
             options["plugins"].insert(0, ClusterctlEnvironment())
             options.update(devices=1, num_nodes=world)
+            kept = self.loop.kept_accumulation(given.get("accumulate_grad_batches"))
+            if kept is not None:
+                options["accumulate_grad_batches"] = kept
         return options
 
     def resume_path(self) -> str | None:

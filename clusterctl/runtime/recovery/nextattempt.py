@@ -8,13 +8,14 @@
 Each prints shell assignments (values through shlex.quote) that the batch
 script evals: ACTION (run, restart, take-over or exit), NEXT_HOSTS (the next
 attempt's nodes), HOSTS (the allocation's, from `begin`), TAKE_OVER and EXIT
-(the batch script's own exit status). `take-over` runs in an elastic run's
-full-size job (queued when the run shrank, CLUSTERCTL_TAKES_OVER) once its
-warm servers are starting: it asks the shrunk job to save and stop, waits
-for the hand-over and then picks the nodes as `begin` does. `begin` runs once per job, before anything starts on the
-nodes: it stops a cancelled run, records the end of an attempt whose batch
-host died, and picks nodes that avoid the run's culprits (a requeued job may
-land on them). `after` runs after every attempt: it takes the attempt's code
+(the batch script's own exit status). `begin` runs once per job, before
+anything starts on the nodes: it stops a cancelled run, records the end of
+an attempt whose batch host died, and picks nodes that avoid the run's
+culprits (a requeued job may land on them). `take-over` runs instead in an
+elastic run's full-size job (queued when the run shrank:
+CLUSTERCTL_TAKES_OVER) once its warm servers are starting: it asks the
+shrunk job to save and stop, waits for the hand-over, then picks the nodes
+as `begin` does. `after` runs after every attempt: it takes the attempt's code
 (the controller's exit, else its verdict.json, else srun's: attempt_code),
 records the end and how the run goes on (attempts.jsonl `next`), remembers
 culprit nodes as suspects, and carries the decision out: the continuation
