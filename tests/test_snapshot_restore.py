@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from clusterctl.checkpoint.restoreplan import RestorePlan, decode_held, encode_held, newest_whole, plan_restore
+from clusterctl.checkpoint.restoreplan import RestorePlan, decode_inventory, encode_held, newest_whole, plan_restore
 
 TOKEN = "t" * 32
 
@@ -63,12 +63,12 @@ def test_a_rings_links_are_made_in_rounds_both_ends_agree_on_and_no_node_makes_t
 def test_the_plan_and_inventories_survive_the_wire_and_junk_is_refused() -> None:
     plan = RestorePlan(7, ((4, 2),), "")
     assert RestorePlan.from_json(plan.to_json()) == plan
-    assert decode_held(encode_held({3: {9: "a", 8: "b"}})) == {3: (8, 9)}
+    assert decode_inventory(encode_held({3: {9: "a", 8: "b"}})).held == {3: (8, 9)}
     for junk in (b"", b"[]", b'{"step": "7", "transfers": []}', b'{"step": 1, "transfers": [[1]]}', b"\xff"):
         with pytest.raises(ValueError):
             RestorePlan.from_json(junk)
     with pytest.raises(ValueError):
-        decode_held(b'{"0": [1, "x"]}')
+        decode_inventory(b'{"0": [1, "x"]}')
 
 
 # --- the exchange: ranks as threads, each with its own store client ---------------------------------------

@@ -115,11 +115,6 @@ def decode_inventory(text: str | bytes) -> Inventory:
         raise ValueError(f"not a snapshot inventory: {exc}") from None
 
 
-def decode_held(text: str | bytes) -> dict[int, tuple[int, ...]]:
-    """A node's inventory of this width's snapshots; ValueError for anything that is not one."""
-    return dict(decode_inventory(text).held)
-
-
 def newest_whole(nodes: Iterable[NodeHeld], world: int, needed: Iterable[int] | None = None) -> int | None:
     """The newest step for which the state of every rank (or of every `needed` rank) is held by some node
     (linear in the ranks' holdings)."""

@@ -387,9 +387,9 @@ class Snapshots:
         if plan.source is not None:  # another width's: its files, each rank the saved rank mapped to it
             held = dict(every.get(plan.source.tag, {}))
             if self.rank == 0:
+                dp = [(layout or {}).get("dp", "?") for layout in (plan.source.layout, self.layout)]
                 print(f"clusterctl: restoring step {step} from host memory, the snapshots of {plan.source.world} ranks"
-                      f" (dp {int((plan.source.layout or {}).get('dp') or 0) or '?'} -> {int((self.layout or {}).get('dp') or 0) or '?'})",
-                      file=sys.stderr, flush=True)
+                      f" (dp {dp[0]} -> {dp[1]})", file=sys.stderr, flush=True)
         mine = [(s, d) for s, d in plan.transfers if self.rank in (s, d)]
         links = {t: self._link("restore/", *t) for t in mine}  # in the plan's order, which every rank has
         taken = [links[(s, d)].post(Path(held[take(d)][step]).read_bytes(), step) for s, d in mine if s == self.rank]

@@ -68,12 +68,16 @@ class FrameworkLoop:
         self.snapshots: Snapshots | None = None
 
     # --- resume ------------------------------------------------------------------
+    def full_plan(self) -> runjson.RunJson | None:
+        """The run's plan at its full size, whatever this attempt's width (None outside clusterctl)."""
+        run_dir = os.environ.get(envnames.RUN_DIR)
+        return runjson.read(Path(run_dir)) if run_dir else None
+
     def kept_accumulation(self, given: Any) -> int | None:
         """After an elastic shrink with `batch: keep`: the accumulation that keeps the global batch at this width
         (the given one, else the plan's, scaled by the plan's dp over this width's); None at the full width or
         outside clusterctl. ValueError where no whole number does."""
-        run_dir = os.environ.get(envnames.RUN_DIR)
-        plan = runjson.read(Path(run_dir)) if run_dir else None
+        plan = self.full_plan()
         if plan is None or not plan.elastic.widths or self.world == plan.world_size or plan.elastic.batch != "keep":
             return None
         accum = given if isinstance(given, int) and given > 0 else plan.batch.grad_accum

@@ -46,7 +46,6 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment
 from clusterctl import envnames
 from clusterctl.checkpoint.snapshots import Restored
 from clusterctl.integrations.rank.framework import FrameworkLoop
-from clusterctl.rundir import runjson
 
 CHECKPOINT_FILE = "lightning.ckpt"
 
@@ -182,7 +181,7 @@ class Clusterctl:
         options["callbacks"] = [*_as_list(given.get("callbacks")), ClusterctlCallback(self.loop)]
         if ClusterctlEnvironment.detect():
             world = int(os.environ["WORLD_SIZE"])
-            plan = runjson.read(Path(os.environ[envnames.RUN_DIR]))  # the full-size plan, whatever this attempt's width
+            plan = self.loop.full_plan()  # an elastic job's Trainer call may be written for its full size
             planned = {world, plan.world_size} if plan is not None and plan.elastic.widths else {world}
             devices, nodes = given.get("devices"), given.get("num_nodes", 1)
             if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) and devices * nodes not in planned:

@@ -212,7 +212,7 @@ def taking_over(run: RunDir, nodes: int, other: str, env: dict[str, str]) -> int
     run_json = runjson.read(run.path) or runjson.RunJson()
     job_id = env.get("SLURM_JOB_ID", "")
     alloc = allocation(env)
-    told = take_over(run, run_json, other, job_id, env)
+    told = take_over(run, run_json, other, env)
     if who := told.cancel_by:
         log(f"the run was stopped by {who} meanwhile: not starting")
         emit(ACTION="exit", EXIT=int(ExitCode.CANCELLED))
@@ -425,18 +425,16 @@ def queue_grow(run: RunDir, d: Decision, attempt: int, job_id: str, env: dict[st
     log(f"job {grow_job} queued at full size: the run grows back into it when Slurm starts it")
 
 
-def take_over(run: RunDir, run_json: runjson.RunJson, other: str, job_id: str, env: dict[str, str]) -> history.History:
+def take_over(run: RunDir, run_json: runjson.RunJson, other: str, env: dict[str, str]) -> history.History:
     """This job is an elastic run's full-size job, queued by job `other` when the run shrank there: ask that job's
     batch shell to stop (the pre-timeout signal: its ranks save, commit and exit 85; between two attempts the
     next one stops at its first step) and wait until its recovery step has handed the run on, so that this job
     resumes at the committed step + 1. Past the save timeout the other job is cancelled and this one resumes from
     what is committed. The history read afterwards."""
     info = batchhost.job(other)
-    if other == job_id or (info is not None and info.finished):
-        told = history.read(run, run_json.standalone)
-        if other != job_id:
-            log(f"growing back: job {other}, where the run shrank, has ended ({info.state if info else '?'})")
-        return told
+    if info is not None and info.finished:
+        log(f"growing back: job {other}, where the run shrank, has ended ({info.state})")
+        return history.read(run, run_json.standalone)
     why = batchhost.signal_batch(other, run_json.signal.name, env)
     if why:
         log(f"warning: could not ask job {other} to stop ({why}): waiting for it anyway")

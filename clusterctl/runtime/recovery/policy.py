@@ -315,13 +315,13 @@ def decide(ended: Ended, s: Situation, policy: Policy) -> Decision:
                 "restart", code, code, f"{what}; restarting in the allocation" + (f" ({how})" if how else ""),
                 hosts=hosts, replaced=replaced, exclude=exclude, newly_excluded=newly, counted=True,
             )
-        shrunk = shrink(s, set(exclude))
-        if shrunk is not None:
+        fewer = shrink(s, set(exclude))
+        if fewer is not None:
             before = len(s.rank_hosts) or s.nodes
             return Decision(
                 "restart", code, code, f"{what}; no spare left: shrinking in the allocation from {before} to"
-                f" {len(shrunk)} nodes (elastic)", hosts=shrunk, exclude=exclude, newly_excluded=newly, counted=True,
-                shrunk=(before, len(shrunk)), grow=policy.grow,
+                f" {len(fewer)} nodes (elastic)", hosts=fewer, exclude=exclude, newly_excluded=newly, counted=True,
+                shrunk=(before, len(fewer)), grow=policy.grow,
             )
         why = f"{what}; too few healthy nodes left in the allocation" + (
             f" (elastic: not even its smallest width, {s.widths[-1]} nodes)" if s.widths else "")
