@@ -8,8 +8,9 @@ step. Three runs of the same steps on each backend:
 * `elastic`: the second node lost from outside (`clusterctl drill --node`) once
   step KILL_AT is done; the job shrinks to 1 node and finishes there;
 * `clean`: the same job never interrupted, at full size (the loss reference);
-* `grow`: the elastic run with `grow: true`: the full-size job queued at the
-  shrink starts on the idle nodes at once and takes over;
+* `grow`: the elastic run with `grow: true`, 0.15 s steps: the full-size job
+  queued at the shrink starts on the idle nodes at once and, once its warm
+  servers have imported, takes over;
 * `reordered`: the same job at dp 1 from the start (1 node, accumulation 2):
   the same samples in every step, only the order the floats are summed in
   differs. Its largest loss difference from `clean` over the run is
@@ -61,6 +62,9 @@ MICRO, GLOBAL = 2, 4
 STEPS, KILL_AT = 160, 30
 QUICK_STEPS, QUICK_KILL_AT = 100, 20
 STEP_COMPUTE_S = 0.05
+# The grow run's steps are longer: the shrunk attempt trains on while the full-size job's warm servers import
+# (seconds on 2 cores); in fewer seconds than that the run would finish shrunk and withdraw the queued job.
+GROW_STEP_COMPUTE_S = 0.15
 # The queue-wait model (bench/README.md): a continuation job waits WAIT_S in the queue for a whole allocation, and
 # the run's remaining time after the loss is HORIZON_S; a cold start costs COLD_START_S.
 WAIT_S, HORIZON_S, COLD_START_S = 3600.0, 4 * 3600.0, 60.0
@@ -70,7 +74,8 @@ def show(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def spec(name: str, site: str, runs: Path, nodes: int, steps: int, grow: bool = False) -> dict[str, Any]:
+def spec(name: str, site: str, runs: Path, nodes: int, steps: int, grow: bool = False,
+         compute_s: float = STEP_COMPUTE_S) -> dict[str, Any]:
     return {
         "name": name, "site": site, "time_limit": "30m", "nodes": nodes, "gpus_per_node": 1, "runs_root": str(runs),
         "checkpoint": {"interval": 50, "memory_interval": 1}, "model": MODEL, "seq_len": 16,
@@ -78,17 +83,18 @@ def spec(name: str, site: str, runs: Path, nodes: int, steps: int, grow: bool = 
         **({"elastic": {"min_nodes": 1, "batch": "keep", "grow": grow}} if nodes > 1 else {}),
         "watchdog": {"straggler_factor": 1000},  # a reference run, not a test of verdicts: 2 cores run all of it
         "command": ["python3", "-m", "clusterctl.trainer", "--steps", str(steps), "--eval-interval", "0",
-                    "--step-compute-s", f"{STEP_COMPUTE_S:g}", "--record-samples"],
+                    "--step-compute-s", f"{compute_s:g}", "--record-samples"],
     }
 
 
-def submit(jobs: Jobs, scratch: Path, name: str, site: str, backend: str, nodes: int, steps: int, grow: bool = False) -> Path:
+def submit(jobs: Jobs, scratch: Path, name: str, site: str, backend: str, nodes: int, steps: int, grow: bool = False,
+           compute_s: float = STEP_COMPUTE_S) -> Path:
     from clusterctl.actions.submit import submit_job
     from clusterctl.plan.job import load_job
 
     scratch.mkdir(parents=True, exist_ok=True)
     path = scratch / f"{name}.yaml"
-    path.write_text(json.dumps(spec(name, site, scratch / "runs", nodes, steps, grow)))
+    path.write_text(json.dumps(spec(name, site, scratch / "runs", nodes, steps, grow, compute_s)))
     done = submit_job(load_job(path), backend)
     jobs.runs.append((done.run.path, backend))
     return done.run.path
@@ -163,7 +169,7 @@ def grow_run(jobs: Jobs, scratch: Path, site: str, backend: str, steps: int, kil
     """The same loss with `grow: true`: the full-size job queued at the shrink starts on the idle nodes and takes
     over. The pause: the shrunk attempt's last step's end to the full-size attempt's first step's start."""
     submitted = time.time()
-    run = submit(jobs, scratch, "grow", site, backend, 2, steps, grow=True)
+    run = submit(jobs, scratch, "grow", site, backend, 2, steps, grow=True, compute_s=GROW_STEP_COMPUTE_S)
     show(f"{backend}: grow-back run {run.name}: training to step {kill_at}")
     first = run / "attempt-1"
     wait_steps(first, kill_at, 240, show)

@@ -53,10 +53,13 @@ def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_
     the idle nodes, the shrunk attempt saves and stops (85) and hands the run to it, which resumes right after."""
     if backend == "slurm" and not grow:
         pytest.skip("the shrink alone is the grow case's first half on the test cluster (and bench/elastic.py's)")
+    # With grow the shrunk attempt trains on while the full-size job's warm servers import (seconds on 2 cores):
+    # its steps are longer, else the run finishes shrunk before the take-over and the queued job is withdrawn.
+    compute_s = "0.15" if grow else "0.05"
     done = submit(backend, tmp_path, "elastic", steps=STEPS, batch={"micro": MICRO, "global": GLOBAL},
                   elastic={"min_nodes": 1, "batch": "keep", "grow": grow}, checkpoint={"interval": 20, "memory_interval": 1},
                   command=["python3", "-m", "clusterctl.trainer", "--steps", str(STEPS), "--eval-interval", "0",
-                           "--step-compute-s", "0.05", "--record-samples"])
+                           "--step-compute-s", compute_s, "--record-samples"])
     run = done.run
     wait_for("step 12", lambda: max(losses(run, 1), default=-1) >= 12, run=run)
     hosts = json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["hosts"]

@@ -180,6 +180,7 @@ def test_the_folders_import_graph_is_acyclic() -> None:
 ROOMS = ("rank", "controller", "node", "recovery", "wire")
 ROOM_CROSSINGS = {
     ("recovery", "runtime.controller.keeper"): "a cancel's verdict where the controller was killed first: the one keeper",
+    ("recovery", "runtime.node.warm.client"): "a full-size job stops the shrunk one once its warm servers have imported",
     ("rank", "runtime.controller.straggler"): "the compute check judges by the one straggler rule (pure)",
     ("node", "runtime.rank.preflight"): "GPU samples decode throttle reasons as the gpu check does",
     ("node", "runtime.rank.launch"): "a warm server's forked child becomes the rank",

@@ -199,6 +199,30 @@ def test_where_the_server_cannot_serve_the_command_starts_cold_and_says_why(serv
     assert unnamed.communicate(timeout=60)[0].strip() == "cold: no warm process servers in this job"
 
 
+def test_ready_is_answered_once_the_servers_imports_are_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An elastic run's full-size job stops the shrunk one only once its servers have imported (take_over)."""
+    from clusterctl.runtime.node.warm import client as warmclient
+
+    (tmp_path / "slow_import.py").write_text(
+        f"import pathlib, time\ntime.sleep(1.5)\npathlib.Path({str(tmp_path / 'imported')!r}).write_text('done')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERCTL_")}
+    env.update({envnames.WARM: f"clusterctl-test.{secrets.token_hex(6)}", "SLURMD_NODENAME": "nodeA",
+                envnames.WARM_SINCE: str(time.time()), "PYTHONPATH": f"{tmp_path}:{env.get('PYTHONPATH', '')}"})
+    proc = subprocess.Popen([PY, "-m", "clusterctl.runtime.node.warm.server", "--only", "--import", "slow_import"],
+                            env=env, stderr=open(tmp_path / "server.log", "w"))
+    try:
+        for key in (envnames.WARM, "SLURMD_NODENAME", envnames.WARM_SINCE):
+            monkeypatch.setenv(key, env[key])
+        assert warmclient.wait_ready() == ""
+        assert (tmp_path / "imported").read_text() == "done"  # not answered before the import ended
+        monkeypatch.setenv("SLURMD_NODENAME", "nodeB")
+        monkeypatch.setenv(envnames.WARM_SINCE, "0")
+        assert warmclient.wait_ready() == "no warm process server on nodeB (Connection refused)"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 STRANGER = "ccstranger"  # test_access's second user
 LISTEN_AS_STRANGER = r"""
 import socket, sys

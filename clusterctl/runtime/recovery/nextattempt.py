@@ -13,8 +13,8 @@ anything starts on the nodes: it stops a cancelled run, records the end of
 an attempt whose batch host died, and picks nodes that avoid the run's
 culprits (a requeued job may land on them). `take-over` runs instead in an
 elastic run's full-size job (queued when the run shrank:
-CLUSTERCTL_TAKES_OVER) once its warm servers are starting: it asks the
-shrunk job to save and stop, waits for the hand-over, then picks the nodes
+CLUSTERCTL_TAKES_OVER) once its warm servers are starting: when they have
+imported, it asks the shrunk job to save and stop, waits for the hand-over, then picks the nodes
 as `begin` does. `after` runs after every attempt: it takes the attempt's code
 (the controller's exit, else its verdict.json, else srun's: attempt_code),
 records the end and how the run goes on (attempts.jsonl `next`), remembers
@@ -46,6 +46,7 @@ from clusterctl.rundir import RunDir, history, runjson
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, Verdict
 from clusterctl.runtime.controller.keeper import VerdictKeeper
+from clusterctl.runtime.node.warm import client as warmclient
 from clusterctl.runtime.recovery.policy import Decision, Ended, Policy, Situation, decide, pick_hosts, place_in_domains
 from clusterctl.syntax import hostlist
 
@@ -426,7 +427,8 @@ def queue_grow(run: RunDir, d: Decision, attempt: int, job_id: str, env: dict[st
 
 
 def take_over(run: RunDir, run_json: runjson.RunJson, other: str, env: dict[str, str]) -> history.History:
-    """This job is an elastic run's full-size job, queued by job `other` when the run shrank there: ask that job's
+    """This job is an elastic run's full-size job, queued by job `other` when the run shrank there: once this job's
+    warm servers have imported (the batch host's answers for them: they start together), ask that job's
     batch shell to stop (the pre-timeout signal: its ranks save, commit and exit 85; between two attempts the
     next one stops at its first step) and wait until its recovery step has handed the run on, so that this job
     resumes at the committed step + 1. Past the save timeout the other job is cancelled and this one resumes from
@@ -435,6 +437,13 @@ def take_over(run: RunDir, run_json: runjson.RunJson, other: str, env: dict[str,
     if info is not None and info.finished:
         log(f"growing back: job {other}, where the run shrank, has ended ({info.state})")
         return history.read(run, run_json.standalone)
+    if env.get(envnames.WARM):  # the shrunk job trains on meanwhile: the pause is not spent importing
+        log(f"growing back: job {other}, where the run shrank, trains on while this job's warm servers import")
+        began = time.monotonic()
+        if why := warmclient.wait_ready():
+            log(f"warning: {why}: taking over anyway")
+        else:
+            log(f"this job's warm servers are ready ({time.monotonic() - began:.1f} s)")
     why = batchhost.signal_batch(other, run_json.signal.name, env)
     if why:
         log(f"warning: could not ask job {other} to stop ({why}): waiting for it anyway")

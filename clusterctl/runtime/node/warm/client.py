@@ -79,6 +79,42 @@ def server_ended(prefix: str) -> str:
     return ""
 
 
+def ask(message: dict, fds: list[int] | None = None, failed: str = "did not answer") -> tuple[socket.socket, dict] | str:
+    """Send this node's server one request and read its first answer, waiting as long as its imports may take
+    (it answers only once they are done): the open connection and the answer, or why there is none."""
+    prefix = os.environ.get(envnames.WARM, "")
+    if not prefix:
+        return "no warm process servers in this job"
+    sock = connect(prefix)
+    if isinstance(sock, str):
+        return sock
+    wait_s = max(ANSWER_S, since() + IMPORT_WINDOW_S - time.time())
+    try:
+        sock.settimeout(wait_s)  # a child forked after we gave up is killed by the server: our connection is closed
+        protocol.send(sock, message, fds)
+        answer, _ = protocol.receive(sock)
+        sock.settimeout(None)
+    except TimeoutError:
+        sock.close()
+        return f"the warm process server on {node()} did not answer within {wait_s:.0f} s"
+    except (OSError, protocol.ProtocolError) as exc:
+        sock.close()
+        return f"the warm process server on {node()} {failed}: {exc}"
+    return sock, answer
+
+
+def wait_ready() -> str:
+    """'' once this node's server has imported, else why not: none in this job, gone, or still importing when
+    the import window closes. An elastic run's full-size job asks it before it stops the shrunk job, so that the
+    hand-over's pause is not spent importing torch. Any answer will do: a server from before `ready` answers it
+    as a request it will not run."""
+    asked = ask({"op": "ready"})
+    if isinstance(asked, str):
+        return asked
+    asked[0].close()
+    return ""
+
+
 def request(argv: list[str]) -> dict:
     return {
         "op": "run",
@@ -99,24 +135,10 @@ def current_umask() -> int:
 
 def start(argv: list[str]) -> tuple[socket.socket, int] | str:
     """The connection and the child's pid, or why the command must start cold."""
-    prefix = os.environ.get(envnames.WARM, "")
-    if not prefix:
-        return "no warm process servers in this job"
-    sock = connect(prefix)
-    if isinstance(sock, str):
-        return sock
-    wait_s = max(ANSWER_S, since() + IMPORT_WINDOW_S - time.time())
-    try:
-        sock.settimeout(wait_s)  # a child forked after we gave up is killed by the server: our connection is closed
-        protocol.send(sock, request(argv), [0, 1, 2])
-        answer, _ = protocol.receive(sock)
-        sock.settimeout(None)
-    except TimeoutError:
-        sock.close()
-        return f"the warm process server on {node()} did not answer within {wait_s:.0f} s"
-    except (OSError, protocol.ProtocolError) as exc:
-        sock.close()
-        return f"the warm process server on {node()} did not fork: {exc}"
+    asked = ask(request(argv), [0, 1, 2], failed="did not fork")
+    if isinstance(asked, str):
+        return asked
+    sock, answer = asked
     if "pid" not in answer:
         sock.close()
         return str(answer.get("cold") or f"the warm process server on {node()} answered {answer}")

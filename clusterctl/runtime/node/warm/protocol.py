@@ -13,7 +13,9 @@ ends with `{"exit": code}` or `{"killed": signal}`. A closed connection ends
 the child: the client is gone, so is the task srun tracks. An `owns` request
 (`{"op": "owns", "pid": P, "token": T}`, answered `{"ok": bool}`) lets the
 fault injector check a forked rank's attempt token, which its /proc environ
-(the server's, from exec) cannot show.
+(the server's, from exec) cannot show. A `ready` request (`{"op": "ready"}`,
+answered `{"ok": true}`) is answered only once the server's imports are done,
+as every request is: the server listens from its start and serves after.
 """
 
 from __future__ import annotations

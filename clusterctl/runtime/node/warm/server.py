@@ -138,6 +138,9 @@ class Server:
                 child = self.children.get(int(request.get("pid", 0)))
                 protocol.send(conn, {"ok": bool(child and child.token and child.token == request.get("token"))})
                 return
+            if request.get("op") == "ready":  # serving at all means the imports are done
+                protocol.send(conn, {"ok": True})
+                return
             why = self.why_cold(request) if len(fds) == protocol.FDS else f"{len(fds)} descriptors, not {protocol.FDS}"
             if self.ending:
                 why = "the job is ending (the warm process server got its SIGTERM)"
