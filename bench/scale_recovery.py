@@ -451,7 +451,12 @@ def watch_size(root: Path, world: int) -> dict[str, Any]:
                 break
         time.sleep(0.05)
     reports = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-    timeline_mb = (attempt / "timeline.jsonl").stat().st_size / 1e6 if (attempt / "timeline.jsonl").exists() else 0.0
+    from clusterctl.rundir import timeline
+
+    try:  # the timeline's bytes: a long traffic's segments (compressed as the watch server closes them) and the live file
+        timeline_mb = timeline.size(attempt / "timeline.jsonl") / 1e6
+    except OSError:
+        timeline_mb = 0.0
     ctl.stop()
     row: dict[str, Any] = {"ranks": world, "nodes": nodes, "watch_cpu": round(cores, 3),
                            "send_lag_p99_s": max(r["lag_p99_s"] or 0 for r in reports), "timeline_mb": round(timeline_mb, 1)}

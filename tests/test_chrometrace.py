@@ -13,6 +13,7 @@ import pytest
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import RunDir
+from clusterctl.rundir import timeline as timelinefile
 from clusterctl.views.chrometrace import build_trace, write_trace
 from tests.helpers import cli
 
@@ -401,3 +402,7 @@ def test_a_timeline_too_large_to_trace_whole_shows_its_end_and_every_death(tmp_p
     assert result.exit_code == 0 and "--all" in result.stderr and "attempt 2: its last" in result.stderr, result.stderr
     whole = check_trace(render(run, 2, whole=True))
     assert len([e for e in whole if e["ph"] == "X" and e["cat"] == "phase"]) > 3 * len(phases)
+    assert len(timelinefile.split(timeline, size // 7)) >= 6  # the same timeline in compressed segments: the same trace
+    cut = render(run, 2)
+    assert (cut["traceEvents"], cut["otherData"]["window"]["2"]) == (doc["traceEvents"], window)
+    assert render(run, 2, whole=True)["traceEvents"] == whole

@@ -10,6 +10,7 @@ must read through every one of them.
 
 from __future__ import annotations
 
+import gzip
 import json
 import tarfile
 from pathlib import Path
@@ -142,3 +143,62 @@ def test_a_synthetic_run_is_laid_out_as_the_real_writers_lay_out_theirs(tmp_path
         assert lines and all(list(json.loads(line)) == [k for k in metrics.FIELDS if k in json.loads(line)] for line in lines)
         assert len(load._METRIC.findall(b"\n".join(lines))) == len(lines)
     assert runjson.read(path) is not None and len(history.read(RunDir(path)).attempts) == 2
+
+
+def _written(path: Path, count: int) -> None:
+    """`count` records through the writer, its segments 20 kB, a death every 97th."""
+    writer = timeline.TimelineWriter(path, segment_bytes=20_000)
+    for i in range(count):
+        if i % 97 == 0:
+            writer.write(timeline.GONE, 10.0 + i, rank=i % 8, node="node1", pid=100 + i, at=9.5 + i)
+        else:
+            writer.write(timeline.PHASE, 10.0 + i, rank=i % 8, node=f"node{i % 4}", step=i // 8, phase="forward", at=9.5 + i)
+    writer.close(wait_s=60)
+
+
+def test_a_long_timeline_is_cut_into_compressed_segments_and_read_as_one_file(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its segment size the live file is closed, gzip-compressed beside it and removed; every reader sees the
+    same records at the same offsets as in one uncompressed file, and any gzip tool reads a segment."""
+    monkeypatch.setattr(timeline, "MEMBER_BYTES", 4096)  # several members a segment: reads seek to one of them
+    path = tmp_path / "timeline.jsonl"
+    _written(path, 3000)
+    parts = timeline.segments(path)
+    closed = [p for p in parts if p.end >= 0]
+    assert len(closed) >= 5 and all(p.compressed for p in closed) and parts[-1].path == path, parts
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".tmp", ".jsonl")) and p.name.count(".") > 1]
+    whole = b"".join(gzip.decompress(p.path.read_bytes()) for p in closed) + path.read_bytes()
+    assert timeline.size(path) == len(whole)
+    on_disk = sum(p.stat().st_size for p in tmp_path.iterdir() if p.name.startswith("timeline."))
+    assert on_disk < len(whole) / 3, (on_disk, len(whole))
+    records = list(timeline.read(path))
+    assert [r["t"] for r in records] == [10.0 + i for i in range(3000)] and records[0]["format"] == timeline.FORMAT
+    marked = timeline.marks(path)
+    assert [rec["pid"] for _, rec in marked] == [100 + i for i in range(0, 3000, 97)]
+    with timeline.open_binary(path) as fh:
+        for offset, rec in marked:  # offsets count in the whole timeline
+            fh.seek(offset)
+            assert json.loads(fh.readline()) == rec
+        for start in range(0, len(whole), 3331):  # any stretch, across segments and members
+            fh.seek(start)
+            assert fh.read(9000) == whole[start:start + 9000]
+    since, end = timeline.tail(path, marked[2][0])
+    assert since[0]["pid"] == marked[2][1]["pid"] and since[-1]["t"] == 10.0 + 2999 and end == len(whole)
+
+
+def test_a_compression_cut_short_leaves_one_whole_copy_read_once(tmp_path: Path) -> None:
+    """Killed while compressing: a partial .gz.tmp is ignored; renamed but the original not yet removed: the
+    compressed copy is read, not both."""
+    path = tmp_path / "timeline.jsonl"
+    _written(path, 600)
+    expected = list(timeline.read(path))
+    first = timeline.segments(path)[0]
+    plain = first.path.with_name(first.path.name[: -len(".gz")])
+    plain.write_bytes(gzip.decompress(first.path.read_bytes()))  # the original still beside its copy
+    assert list(timeline.read(path)) == expected
+    first.path.rename(first.path.with_name(first.path.name + ".tmp"))  # the copy only half written
+    assert list(timeline.read(path)) == expected
+    moved = tmp_path / "copy" / "timeline.jsonl"
+    moved.parent.mkdir()
+    moved.write_bytes(b"".join(line.encode() for line in (json.dumps(r) + "\n" for r in expected)))
+    assert timeline.split(moved, 5_000) and list(timeline.read(moved)) == expected  # a timeline written whole, cut

@@ -13,6 +13,7 @@ import pytest
 from helpers import cli
 
 from clusterctl.rundir import RunDir
+from clusterctl.rundir import timeline as timelinefile
 from clusterctl.testing.runsynth import STRAGGLER_FACTOR, write_synthetic_run
 from clusterctl.views.report import build_report, collect
 from clusterctl.views.report.load import read_metrics
@@ -168,6 +169,22 @@ def test_phase_totals_per_rank(tmp_path: Path) -> None:
     for rank, cats in want.items():
         for cat in CATEGORIES:
             assert phases[rank][cat] == pytest.approx(cats.get(cat, 0.0)), (rank, cat)
+
+
+def test_a_timeline_in_compressed_segments_reads_the_same_whole_and_in_stretches(tmp_path: Path) -> None:
+    """A long attempt's timeline, closed and compressed segment by segment as the watch server writes it, gives
+    the report the same arrays as the one file did: read whole, and in stretches past its share."""
+    run = write_synthetic_run(tmp_path, steps=300, ranks=4, attempts=1)
+    path = run / "attempt-1" / "timeline.jsonl"
+    size = path.stat().st_size
+    before = [read_timeline(path), read_timeline(path, size // 3)]
+    assert before[1].read_share < 0.5
+    assert len(timelinefile.split(path, size // 9)) >= 8
+    after = [read_timeline(path), read_timeline(path, size // 3)]
+    for old, new in zip(before, after):
+        for name in ("phase_rank", "phase_cat", "phase_at", "step_rank", "step_step", "step_s", "phase_part"):
+            assert np.array_equal(getattr(old, name), getattr(new, name)), name
+        assert (old.gone, old.verdicts, old.size, old.read_share) == (new.gone, new.verdicts, new.size, new.read_share)
 
 
 def test_timeline_in_another_layout_reads_the_same(tmp_path: Path) -> None:

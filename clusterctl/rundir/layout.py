@@ -19,6 +19,7 @@
         .token                 the attempt's secret, the owner's only (0600) whatever runs_mode
         manifest.json          every rank's registration
         timeline.jsonl         phase changes, step times, deaths, GPU samples as received (see runtime/controller/watchserver.py)
+        timeline.<a>-<b>.jsonl.gz  its bytes a..b once closed past 128 MB, gzip members and their `.index` (rundir/timeline.py)
         timeline-marks.jsonl   its deaths, lost nodes and verdicts again, each with its byte offset there (rundir/timeline.py)
         verdict.json           the controller's verdict: culprits, victims, evidence
         srun.log               srun's own lines (task N: Killed, ...), the blame's evidence

@@ -87,8 +87,10 @@ def write_synthetic_run(
     name: str = "synth",
     checkpoint_interval: int | None = None,
     eval_interval: int | None = None,
+    segment_bytes: int | None = None,
 ) -> Path:
-    """Write a run directory under `root` and return its path (`root/<name>-run`)."""
+    """Write a run directory under `root` and return its path (`root/<name>-run`). With `segment_bytes`, each
+    attempt's timeline is left in compressed segments of that size, as the watch server leaves a long one."""
     if steps < 1 or ranks < 1 or attempts < 1:
         raise ValueError("steps, ranks and attempts must be at least 1")
     rng = np.random.default_rng(seed)
@@ -148,6 +150,8 @@ def write_synthetic_run(
         elif how == "continuation":
             job += 1
             clock = end + CONTINUATION_QUEUE_S
+        if segment_bytes:
+            timeline.split(adir / rundir.TIMELINE, segment_bytes)
     run.checkpoints.mkdir(exist_ok=True)
     return path
 

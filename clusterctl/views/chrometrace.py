@@ -306,7 +306,7 @@ class Trace:
         origin = self.origin
         parse = timeline.parse
         try:
-            fh = open(self.run.attempt(att.number) / rundir.TIMELINE, encoding="utf-8", errors="replace")
+            fh = timeline.open_text(self.run.attempt(att.number) / rundir.TIMELINE)
         except OSError:
             return
         with fh:

@@ -27,7 +27,7 @@ SEARCH_CHUNK = 1 << 24
 def size(run: RunDir, attempt: int) -> int:
     """The attempt's timeline's bytes (0 when it has none)."""
     try:
-        return (run.attempt(attempt) / rundir.TIMELINE).stat().st_size
+        return timeline.size(run.attempt(attempt) / rundir.TIMELINE)
     except OSError:
         return 0
 
@@ -43,7 +43,7 @@ def starts(run: RunDir, attempts: list[int]) -> dict[int, tuple[int, int]]:
         share = TRACE_BYTES * length // total
         if length - share <= 0:
             continue
-        with open(run.attempt(number) / rundir.TIMELINE, "rb") as fh:
+        with timeline.open_binary(run.attempt(number) / rundir.TIMELINE) as fh:
             fh.seek(length - share - 1)
             fh.readline()
             found[number] = (fh.tell(), length)

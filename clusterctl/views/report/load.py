@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from clusterctl import rundir
-from clusterctl.rundir import RunDir, attemptjson, history, runjson
+from clusterctl.rundir import RunDir, attemptjson, history, runjson, timeline
 from clusterctl.rundir import metrics as metricsfile
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import Verdict
@@ -128,7 +128,7 @@ def _attempts(run: RunDir, notes: list[str]) -> list[AttemptData]:
     sizes = {}
     for h in attempts:
         with contextlib.suppress(OSError):
-            sizes[h.number] = (run.attempt(h.number) / rundir.TIMELINE).stat().st_size
+            sizes[h.number] = timeline.size(run.attempt(h.number) / rundir.TIMELINE)
     shares = timeline_shares(sizes)
     for h in attempts:
         a = AttemptData(h.number, h.job_id, start=h.start, end=h.end, exit_code=h.exit_code, end_reason=h.end_reason, meaning=h.meaning,

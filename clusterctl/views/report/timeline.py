@@ -331,7 +331,7 @@ def _read_range(path: str, start: int, stop: int, part: int = 0, rare_only: bool
     parts = _new_parts()
     slow = 0
     read = _rare_lines if rare_only else _chunk
-    with open(path, "rb") as fh:
+    with timeline.open_binary(Path(path)) as fh:
         fh.seek(start)
         for piece in timeline.line_chunks(fh, stop - start, CHUNK):
             slow += read(piece, parts) or 0
@@ -346,7 +346,7 @@ def _read_ranges(path: str, ranges: list[tuple[int, int, int, bool]]) -> list[tu
 def _splits(path: Path, size: int, n: int) -> list[tuple[int, int]]:
     """n byte ranges of about equal size, each starting at a line start."""
     cuts = [0]
-    with open(path, "rb") as fh:
+    with timeline.open_binary(path) as fh:
         for i in range(1, n):
             fh.seek(size * i // n)
             fh.readline()
@@ -382,7 +382,7 @@ def _stretches(path: Path, size: int, share: int) -> list[tuple[int, int, int, b
     out: list[tuple[int, int, int, bool]] = []
     length = max(1, share // STRETCHES)
     cursor = 0
-    with open(path, "rb") as fh:
+    with timeline.open_binary(path) as fh:
         for i in range(STRETCHES):
             begin = max(cursor, _line_start(fh, (size - length) * i // (STRETCHES - 1), size))
             end = max(begin, _line_start(fh, begin + length, size) if i < STRETCHES - 1 else size)
@@ -400,7 +400,7 @@ def read_timeline(path: Path, share: int | None = None) -> Timeline:
     """The attempt's timeline; an empty Timeline when the file is missing or unreadable. `share`: the bytes
     to parse at most (its part of READ_BYTES, load.py); a larger file is read in stretches."""
     try:
-        size = path.stat().st_size
+        size = timeline.size(path)
     except OSError:
         return Timeline()
     budget = READ_BYTES if share is None else share
