@@ -9,14 +9,18 @@ attempts.jsonl and `status` say `dp 2 → 1`, it resumed from host memory
 with at most the step in flight computed again, the run finished, and every
 sample of every step was trained exactly once, none twice and none skipped:
 each step's samples are the stretch of the epoch an uninterrupted run takes.
-With `grow: true` the full-size job queued at the shrink takes the run back
-to dp 2 on the idle nodes, resuming right after the step the shrunk attempt
-committed when it was asked to stop.
+The shrink gives the lost node back to Slurm. With `grow: true` the
+full-size job queued at the shrink takes the run back to dp 2, resuming
+right after the step the shrunk attempt committed when it was asked to
+stop: on the local backend on idle nodes; on the test cluster, where
+another job holds the other two nodes, on the lost node once it is cleared
+(`suspects --clear`).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,6 +34,21 @@ from clusterctl.trainer.loop import DATASET_SIZE
 from clusterctl.trainer.sampler import DistributedSampler
 
 STEPS, MICRO, GLOBAL = 80, 2, 4
+BUSY = ["n3", "n4"]  # on the test cluster, another user's job holds these: the lost node is the only one to grow onto
+
+
+def hold_nodes(tmp_path: Path, nodes: list[str]) -> None:
+    """Another job on `nodes`, whole: the run's full-size job must wait for other nodes (cancelled at the test's end:
+    its script lives under tmp_path)."""
+    script = tmp_path / "busy.sh"
+    script.write_text("#!/bin/sh\nsleep 600\n")
+    out = subprocess.run(["sbatch", "--parsable", "--exclusive", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
+                          "--time=10", f"--output={tmp_path / 'busy.out'}", str(script)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    wait_for("the other job to hold its nodes", lambda: subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30).stdout.strip() == "RUNNING")
 
 
 def samples_by_step(run: RunDir) -> dict[int, list[int]]:
@@ -49,13 +68,16 @@ def samples_by_step(run: RunDir) -> dict[int, list[int]]:
 def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_every_sample_once(
     backend: str, tmp_path: Path, grow: bool
 ) -> None:
-    """Shrink: the run finishes at dp 1 in its first job. Grow: the full-size job queued at the shrink starts on
-    the idle nodes, the shrunk attempt saves and stops (85) and hands the run to it, which resumes right after."""
+    """Shrink: the run finishes at dp 1 in its first job, the lost node given back to Slurm. Grow: the full-size job
+    queued at the shrink starts (on the test cluster once the lost node is cleared, on it), the shrunk attempt saves
+    and stops (85) and hands the run to it, which resumes right after."""
     if backend == "slurm" and not grow:
         pytest.skip("the shrink alone is the grow case's first half on the test cluster (and bench/elastic.py's)")
     # With grow the shrunk attempt trains on while the full-size job's warm servers import (seconds on 2 cores):
     # its steps are longer, else the run finishes shrunk before the take-over and the queued job is withdrawn.
     compute_s = "0.15" if grow else "0.05"
+    if backend == "slurm":
+        hold_nodes(tmp_path, BUSY)
     done = submit(backend, tmp_path, "elastic", steps=STEPS, batch={"micro": MICRO, "global": GLOBAL},
                   elastic={"min_nodes": 1, "batch": "keep", "grow": grow}, checkpoint={"interval": 20, "memory_interval": 1},
                   command=["python3", "-m", "clusterctl.trainer", "--steps", str(STEPS), "--eval-interval", "0",
@@ -66,7 +88,8 @@ def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_
     report = drill(run, "--node", hosts[1])
     assert report["code"] == ExitCode.NODE_LOST and report["culprit_right"], report
     shrink = wait_for("the shrink", lambda: nexts(run), run=run)[0]
-    assert (shrink["how"], shrink["hosts"], shrink["exclude"]) == (history.NEXT_ALLOCATION, hosts[:1], hosts[1:]), story(run)
+    assert (shrink["how"], shrink["hosts"], shrink["released"]) == (history.NEXT_ALLOCATION, hosts[:1], hosts[1:]), story(run)
+    assert hosts[1] in shrink["exclude"]
     width = shrink["width"]
     assert (width["dp"], width["grad_accum"], width["global_batch"]) == ([2, 1], [1, 2], [GLOBAL, GLOBAL]), width
     resumed = first_step(run, 2)
@@ -77,12 +100,17 @@ def test_a_node_lost_with_no_spare_left_shrinks_dp_in_the_allocation_and_trains_
     assert (second["hosts"], second["job_id"]) == (hosts[:1], json.loads((run.attempt(1) / rundir.ATTEMPT_JSON).read_text())["job_id"])
     last = 3 if grow else 2
     if grow:  # the shrunk attempt hands the run to the full-size job, which resumes at its committed step + 1
+        grow_job = wait_for("the queued full-size job", lambda: history.read(run).grow_job, run=run)
+        assert hosts[1] in history.read(run).grow_exclude
+        if backend == "slurm":  # no node is free but the lost one, given back: cleared, the run grows back onto it
+            cleared = cli("suspects", "--runs-root", str(run.path.parent), "--clear", hosts[1])
+            assert cleared.exit_code == 0 and f"may now run on {hosts[1]}" in cleared.stdout, cleared.output
         handed = wait_for("the hand-over", lambda: len(nexts(run)) > 1 and nexts(run)[1], run=run)
-        grow_job = next(e["next_job"] for e in history.read_events(run.events_file) if e.get("event") == history.EVENT_GROW)
         assert (handed["how"], handed["exit"], handed["next_job"]) == (history.NEXT_CONTINUATION, ExitCode.PRE_TIMEOUT, grow_job)
         third = wait_for("attempt 3", lambda: (run.attempt(3) / rundir.ATTEMPT_JSON).exists()
                          and json.loads((run.attempt(3) / rundir.ATTEMPT_JSON).read_text()), run=run)
-        assert third["job_id"] == grow_job and len(third["hosts"]) == 2 and hosts[1] not in third["hosts"], third
+        assert third["job_id"] == grow_job and len(third["hosts"]) == 2, third
+        assert (hosts[1] in third["hosts"]) == (backend == "slurm"), third  # the cleared node back; else idle ones
         assert first_step(run, 3) == handed["committed_step"] + 1 == max(losses(run, 2)) + 1, story(run)
     wait_for("the run to finish", lambda: max(losses(run, last), default=-1) == STEPS - 1, run=run)
     nothing_left(backend, run)

@@ -223,6 +223,30 @@ def test_a_clear_forgives_until_the_next_blame(tmp_path: Path) -> None:
     assert suspects.nodes(root)["n1"].blames == 2
 
 
+def test_a_running_run_may_use_a_node_again_once_it_is_cleared_after_the_run_began_to_avoid_it(tmp_path: Path) -> None:
+    """A run that shrank without n1 (its decision at t0) may have it back once someone clears it; a clear from
+    before the run avoided it forgives nothing, nor does a clear of a node never blamed (the spec's own)."""
+    root = tmp_path / "runs"
+    t0 = time.time() - 30
+    suspects.record(root, [blame("n1", t0), blame("n2", t0 - 100)])
+    suspects.clear(root, ["n2"], now=t0 - 50)  # before this run avoided it (its blame in another run)
+    since = {"n1": t0, "n2": t0, "n9": t0}
+    assert suspects.forgiven(root, since) == set()
+    suspects.clear(root, ["n1", "n9"], by="admin")
+    assert suspects.forgiven(root, since) == {"n1"}
+    events = [{"event": "start", "attempt": 1, "job_id": "5", "time": t0 - 10},
+              {"event": "next", "attempt": 1, "job_id": "5", "how": "allocation", "exclude": ["n1"], "time": t0},
+              {"event": "grow", "attempt": 1, "job_id": "5", "next_job": "6", "exclude": ["n8", "n1"], "time": t0}]
+    run = tmp_path / "runs" / "r1"
+    run.mkdir()
+    (run / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    from clusterctl.rundir import RunDir, history
+
+    told = history.read(RunDir(run))
+    assert (told.excluded_since, told.grow_job, told.grow_exclude) == ({"n1": t0}, "6", ["n8", "n1"])
+    assert told.avoided(["n8"]) == ["n8", "n1"] and told.avoided(["n8"], suspects.forgiven(root, told.excluded_since)) == ["n8"]
+
+
 def test_torn_and_foreign_lines_are_skipped(tmp_path: Path) -> None:
     root = tmp_path
     now = time.time()

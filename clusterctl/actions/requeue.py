@@ -23,7 +23,7 @@ from clusterctl.errors import ConfigError, Problem
 from clusterctl.plan.job import load_job
 from clusterctl.render.runfiles import node_python
 from clusterctl.render.scripts import render_run
-from clusterctl.rundir import CANCEL, SITE, SPEC, RunDir, history, runjson, secretenv, write_json_atomic
+from clusterctl.rundir import CANCEL, SITE, SPEC, RunDir, history, runjson, secretenv, suspects, write_json_atomic
 from clusterctl.rundir import verdict as verdictfile
 from clusterctl.syntax import hostlist
 
@@ -122,7 +122,8 @@ def requeue_run(
         stop_jobs(run, backend, True, timeout, show, report)
     write_files(run, files)  # only now: a running job's restart must not pick up the new layout
     plan = runjson.read(run.path) or runjson.RunJson()
-    avoid = history.read(run).avoided(plan.exclude)
+    told = history.read(run)
+    avoid = told.avoided(plan.exclude, suspects.forgiven(run.path.parent, told.excluded_since))
     if not keep_culprits:
         avoid += last_culprit_nodes(run)
     avoid += [n for expr in exclude for n in hostlist.expand(expr)]

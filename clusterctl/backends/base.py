@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterctl.errors import ClusterctlError
+from clusterctl.exitcodes import ExitCode
+
 
 @dataclass(frozen=True)
 class Submission:
@@ -59,6 +62,11 @@ class Backend(ABC):
     @abstractmethod
     def signal(self, job_id: str, sig: str) -> None:
         """Send signal `sig` (USR2, TERM: no SIG prefix) to the job's batch shell, as --signal=B: would."""
+
+    def set_excluded(self, job_id: str, nodes: list[str]) -> None:
+        """Replace a pending job's excluded nodes (scontrol update ExcNodeList); raise ClusterctlError with the
+        scheduler's reason (a job no longer pending refuses)."""
+        raise ClusterctlError(f"the {self.name} backend cannot change job {job_id}'s excluded nodes", ExitCode.USAGE)
 
     def display_id(self, job_id: str) -> str:
         """The job's id as messages, state.json and the user show it; info() and cancel() take it too.

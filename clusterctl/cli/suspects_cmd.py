@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
+from clusterctl.actions.forgive import widen_grow_jobs
 from clusterctl.cli.app import out_console
 from clusterctl.cli.options import JsonOpt
 from clusterctl.cli.remote_opts import RemoteOpt, remote_target, run_there
@@ -82,6 +83,8 @@ def _clear(root: Path, nodes: list[str]) -> None:
             console.print(f"cleared {node} (last blamed {_local(s.time)}: {s.reason}, run {s.run})")
         else:
             console.print(f"{node} is not a suspect in {root}; nothing to clear")
+    if known:
+        widen_grow_jobs(root, known, lambda line: console.print(line, markup=False, highlight=False))
 
 
 def register(app: typer.Typer) -> None:

@@ -20,12 +20,14 @@ Events, one JSON object per line (`time`: whole seconds since the epoch):
             culprit_ranks, fault, signature (the verdict's: the next fault is judged against them),
             committed_step, next_job (continuation), hosts/replaced (allocation),
             width (allocation: an elastic job's change of nodes, dp and batch, each [before, after]),
+            released (allocation: the nodes an elastic shrink gave back to Slurm),
             unelastic (the script failed at a shrunk width: the run shrinks no more),
             cancelled_by (the stop came from a cancel: `clusterctl cancel` or `scancel`)
     cancel  by, save                       `clusterctl cancel` was asked
     requeue by, next_job, exclude, overrides   `clusterctl requeue` continued the run
     grow    attempt, job_id, next_job, exclude, reason   an elastic job that shrank queued its full-size job;
-            a `next` with grow_withdrawn (that job's id) cancelled it
+            a `next` with grow_withdrawn (that job's id) cancelled it; with by (`clusterctl suspects
+            --clear`), that job's exclusion changed: a node it left out was cleared
 
 A torn or foreign line is skipped. Keys are only ever added.
 
@@ -177,6 +179,8 @@ class History:
     cancel_asked: dict[str, Any] | None  # cancel.json: a cancel (or a requeue's hold) is in force
     preamble: list[dict[str, Any]] = field(default_factory=list)  # events before the first attempt (a stop before any start)
     grow_job: str | None = None  # an elastic run's full-size job, queued while a shrunk attempt trains, not yet begun
+    grow_exclude: list[str] = field(default_factory=list)  # the nodes that queued job leaves out (its grow event's)
+    excluded_since: dict[str, float] = field(default_factory=dict)  # each node of `exclude`: when the run began to avoid it
     unelastic: bool = False  # its script failed at a shrunk width (a `next` with unelastic): the run shrinks no more
 
     def attempt(self, number: int) -> AttemptHistory | None:
@@ -198,9 +202,11 @@ class History:
     def dry_run(self) -> bool:
         return self.submission in ("dry-run", "rendered") and not self.attempts and not self.jobs
 
-    def avoided(self, spec_exclude: tuple[str, ...] | list[str] = ()) -> list[str]:
-        """Every node the run avoids now: the spec's, then all that later decisions added."""
-        return list(dict.fromkeys([*spec_exclude, *self.exclude]))
+    def avoided(self, spec_exclude: tuple[str, ...] | list[str] = (),
+                forgiven: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Every node the run avoids now: the spec's, then all that later decisions added, less those `forgiven`
+        since (suspects.forgiven of excluded_since: cleared, so usable again; never the spec's own)."""
+        return list(dict.fromkeys([*spec_exclude, *(n for n in self.exclude if n not in forgiven)]))
 
     @property
     def cancel_by(self) -> str:
@@ -267,6 +273,7 @@ def fold(
             raw_jobs.append(e["next_job"])
         if kind == EVENT_GROW:
             h.grow_job = jobid.native(e.get("next_job")) or None
+            h.grow_exclude = [str(n) for n in e.get("exclude") or []]
         elif h.grow_job and (jobid.native(e.get("job_id")) == h.grow_job or e.get("grow_withdrawn")):
             h.grow_job = None  # it began (its first event), or was withdrawn
         number = _int(e.get("attempt"))
@@ -318,7 +325,7 @@ def fold(
             if by:
                 h.cancelled_by, h.exit_code = by, int(ExitCode.CANCELLED)
             if isinstance(e.get("exclude"), list):
-                h.exclude = [str(n) for n in e["exclude"]]
+                _set_exclude(h, e["exclude"], when)
             h.unelastic = h.unelastic or bool(e.get("unelastic"))
             if e.get("counted"):
                 faults.append(Fault(int(e.get("exit") or 0), tuple(str(x) for x in e.get("culprit_hosts") or ()),
@@ -341,7 +348,7 @@ def fold(
             h.position, h.job, h.cancelled_by = CONTINUED, jobid.native(e.get("next_job")) or h.job, None
             h.reason = f"requeued by hand as job {jobid.native(e.get('next_job'))}"
             if isinstance(e.get("exclude"), list):
-                h.exclude = [str(n) for n in e["exclude"]]
+                _set_exclude(h, e["exclude"], when)
             pending_begin = e
         if _int(e.get("committed_step")) is not None:
             h.committed_step = e["committed_step"]
@@ -350,6 +357,12 @@ def fold(
     h.jobs = list(dict.fromkeys(jobs))
     h.faults = tuple(faults)
     return h
+
+
+def _set_exclude(h: History, nodes: list[Any], when: float | None) -> None:
+    """A decision's list of the nodes the run avoids; each keeps the time it first came into it."""
+    h.exclude = [str(n) for n in nodes]
+    h.excluded_since = {n: h.excluded_since.get(n, when or 0.0) for n in h.exclude}
 
 
 def asker(cancel: dict[str, Any] | None) -> str:

@@ -243,3 +243,12 @@ def active(runs_root: Path, exclude_for_s: float, now: float | None = None, dril
         return {}
     when = time.time() if now is None else now
     return {node: rec.latest for node, rec in nodes(runs_root, drills).items() if rec.active(exclude_for_s, when)}
+
+
+def forgiven(runs_root: Path, since: dict[str, float]) -> set[str]:
+    """Of the nodes a run avoids (node -> when it began to: history's excluded_since), those cleared since
+    (`clusterctl suspects --clear`, or an attempt that ended well on them): the run may use them again. A node
+    never blamed here (a spec's exclude, `requeue --exclude`) stays avoided."""
+    records = nodes(runs_root)
+    return {node for node, began in since.items()
+            if (rec := records.get(node)) is not None and rec.cleared is not None and rec.cleared.time >= began}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from clusterctl.backends.base import Backend, JobInfo, Submission
 from clusterctl.backends.local import STATE_ENV
-from clusterctl.backends.local.control import ControlError, cancel_job, find, signal_job
+from clusterctl.backends.local.control import ControlError, cancel_job, find, signal_job, update_job
 from clusterctl.backends.local.records import JobRecord, SubmitError, state_root, submit
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -122,6 +122,15 @@ class LocalBackend(Backend):
             cancel_job(self.root, number)
         except ControlError as exc:
             raise ClusterctlError(f"cannot cancel job {display_id(number)}: {exc}", ExitCode.USAGE) from None
+
+    def set_excluded(self, job_id: str, nodes: list[str]) -> None:
+        number = native_id(str(job_id))
+        try:
+            if number is None:
+                raise ControlError(f"{job_id!r} is not a local job id (local jobs are {jobid.LOCAL_PREFIX}N)")
+            update_job(self.root, number, {"ExcNodeList": compress(nodes)})
+        except ControlError as exc:
+            raise ClusterctlError(f"cannot update job {display_id(job_id)}: {exc}", ExitCode.BACKEND_UNAVAILABLE) from None
 
     def signal(self, job_id: str, sig: str) -> None:
         number = native_id(str(job_id))

@@ -6,7 +6,9 @@ finished or unknown job succeeds silently; requeueing a pending job fails
 pending ("Job is no longer pending execution"), which includes the kill that
 follows a requeue (JobState=COMPLETING, Restarts already incremented), but not
 the kill that follows a cancel ("Job has already finished"); a finished job
-can be requeued and runs again with its restart count incremented.
+can be requeued and runs again with its restart count incremented; a running
+job's NodeList can be cut to some of its nodes, its batch host among them
+(the others are the job's no more: 22.05 idles them at once).
 
 Nodes: `scontrol update NodeName=X State=DOWN Reason=...` marks emulated nodes
 DOWN (a reason is required) until `State=RESUME` (an error for a node that is
@@ -107,12 +109,18 @@ def requeue_job(root: Path, job_id: str | int, env: dict[str, str] | None = None
 
 
 def update_job(root: Path, job_id: str | int, fields: dict[str, str]) -> None:
-    """scontrol update jobid=X Key=Value...: ExcNodeList and StartTime=now are emulated."""
+    """scontrol update jobid=X Key=Value...: ExcNodeList and StartTime=now are emulated, and NodeList of a running
+    job (a shrink: some of its nodes given back)."""
     record = find(root, job_id)
     changes: dict[str, Any] = {}
     for key, value in fields.items():
         name = key.lower()
-        if name == "excnodelist":
+        if name == "nodelist":
+            try:
+                changes["nodes"] = expand(value)
+            except HostlistError as exc:
+                raise ControlError(f"Invalid node name specified ({exc})") from None
+        elif name == "excnodelist":
             try:
                 nodes = [] if value in ("", "(null)") else expand(value)
             except HostlistError as exc:
@@ -124,9 +132,15 @@ def update_job(root: Path, job_id: str | int, fields: dict[str, str]) -> None:
         elif name == "starttime" and value.lower() == "now":
             changes["eligible_time"] = time.time()
         else:
-            raise ControlError(f"Update of {key} is not emulated by the local backend (ExcNodeList, StartTime=now are)")
+            raise ControlError(f"Update of {key} is not emulated by the local backend (ExcNodeList, StartTime=now"
+                               " and a running job's NodeList are)")
     with record.lock():
         state = record.state()
+        if "nodes" in changes:
+            _shrink(state, changes.pop("nodes"))
+            state.update(changes)
+            write_json(record.path / "state.json", state)
+            return
         requeueing = state["state"] == "COMPLETING" and state.get("requeueing")
         if state["state"] in FINISHED or (state["state"] == "COMPLETING" and not requeueing):
             raise ControlError("Job has already finished")
@@ -138,6 +152,16 @@ def update_job(root: Path, job_id: str | int, fields: dict[str, str]) -> None:
         if "exc_nodes" in changes and state.get("reason") == "ReqNodeNotAvail":
             state["reason"] = "None"
         write_json(record.path / "state.json", state)
+
+
+def _shrink(state: dict[str, Any], keep: list[str]) -> None:
+    """A running job keeps `keep` of its nodes (its batch host among them) and gives the rest back."""
+    if state["state"] != "RUNNING":
+        raise ControlError("Job is not running: NodeList of a pending job is not emulated by the local backend")
+    held = state.get("nodes") or []
+    if not keep or any(n not in held for n in keep) or state.get("batch_host") not in keep:
+        raise ControlError("Requested node configuration is not available")
+    state["nodes"] = [n for n in held if n in keep]
 
 
 def update_nodes(root: Path, nodes: str, fields: dict[str, str], inventory: list[str]) -> None:

@@ -352,6 +352,9 @@ class Supervisor:
         """Whether a node of the run went DOWN so that the job must die; with --no-kill it leaves the job instead."""
         down = down_nodes(self.record.root)
         failed = [n for n in self.nodes if n in down]
+        if failed and (held := self.record.state().get("nodes")):  # a shrink (scontrol update NodeList) gave some back
+            self.nodes = [n for n in self.nodes if n in held]
+            failed = [n for n in self.nodes if n in down]
         if not failed:
             return False
         self.log(f"node failure: {compress(failed)} DOWN ({down[failed[0]].get('reason', '')})")

@@ -22,6 +22,7 @@ from clusterctl.backends.slurm.query import SchedulerQuery
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir import access
+from clusterctl.syntax import hostlist
 
 __all__ = ["UNREACHABLE", "SlurmBackend", "parse_scontrol_job", "slurm_reason"]
 
@@ -69,3 +70,9 @@ class SlurmBackend(Backend):
 
     def signal(self, job_id: str, sig: str) -> None:
         self.query.signal(job_id, sig)
+
+    def set_excluded(self, job_id: str, nodes: list[str]) -> None:
+        out = run(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={hostlist.compress(nodes)}"])
+        if out.returncode != 0:
+            raise ClusterctlError(f"scontrol update of job {job_id} refused: {slurm_reason(out.stderr or out.stdout)}",
+                                  failure_code(out.stderr, ExitCode.USAGE))

@@ -119,6 +119,23 @@ def requeue_self(job_id: str, exclude: list[str]) -> str:
     return ""
 
 
+def release(job_id: str, keep: list[str], env: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """Shrink this running job to `keep`: the other nodes go back to Slurm (an elastic shrink's lost ones), for an
+    admin to repair and for another job to have (the run's queued full-size job too, once they are cleared). 22.05
+    idles them at once and kills the job's steps there (measured on the test cluster) and writes no resize script:
+    ("", the job's Slurm node variables for the batch shell to take) when done, else (Slurm's reason, {}) and the
+    nodes stay in the job, unused."""
+    try:
+        out = run(["scontrol", "update", f"JobId={job_id}", f"NodeList={hostlist.compress(keep)}"], env=clean_env(env),
+                  timeout=TIMEOUT_S)
+    except ClusterctlError as exc:
+        return str(exc), {}
+    if out.returncode != 0:
+        return slurm_reason(out.stderr or out.stdout), {}
+    nodelist, count = hostlist.compress(keep), str(len(keep))
+    return "", {"SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist, "SLURM_JOB_NUM_NODES": count, "SLURM_NNODES": count}
+
+
 def signal_batch(job_id: str, name: str, env: dict[str, str]) -> str:
     """Send signal `name` (USR2) to another job's batch shell, as the pre-timeout signal comes: its ranks save,
     commit and stop. "" when sent, else Slurm's reason."""

@@ -230,7 +230,7 @@ def start_here(run: RunDir, run_json: runjson.RunJson, told: history.History, no
     """The first attempt of this job: an attempt whose batch host died is recorded, and the nodes avoid the run's
     culprits (a requeued or continued job may land on them)."""
     _close_open_attempt(run, told, job_id)
-    exclude = told.avoided(run_json.exclude)
+    exclude = avoided_now(run, run_json, told)
     domain = runjson.host_domains(run_json)
     first = alloc[:nodes]
     if domain and run_json.segment_nodes and alloc:
@@ -250,6 +250,21 @@ def start_here(run: RunDir, run_json: runjson.RunJson, told: history.History, no
         log("avoiding " + ", ".join(f"{a} (spare {b} takes its place)" for a, b in replaced.items()))
     emit(ACTION="run", NEXT_HOSTS=hosts, HOSTS=alloc)
     return 0
+
+
+def avoided_now(run: RunDir, run_json: runjson.RunJson, told: history.History) -> list[str]:
+    """The nodes the run avoids, less those cleared since it began to avoid them: a node repaired and cleared may
+    take its place again, in this job or the next."""
+    try:
+        from clusterctl.rundir import suspects
+
+        back = suspects.forgiven(run.path.parent, told.excluded_since) - set(run_json.exclude)
+    except Exception as exc:  # noqa: BLE001 - a suspects file that cannot be read forgives nothing
+        log(f"warning: could not read the suspects file: {exc}")
+        back = set()
+    if back:
+        log(f"{', '.join(sorted(back))} cleared since the run began to avoid it: usable again")
+    return told.avoided(run_json.exclude, back)
 
 
 def _close_open_attempt(run: RunDir, told: history.History, job_id: str) -> None:
@@ -288,7 +303,7 @@ def after(run: RunDir, args: argparse.Namespace, env: dict[str, str]) -> int:
     end = batchhost.ending(job_id, batchhost.restart_count(env)) if args.signal and job_id else "running"
     situation = Situation(
         job_id, tuple(allocation(env)), tuple(read_hosts(args.hosts_file)), args.nodes, told.faults,
-        tuple(h for h in told.avoided(run_json.exclude) if h not in back), end, told.cancel_by,
+        tuple(h for h in avoided_now(run, run_json, told) if h not in back), end, told.cancel_by,
         runjson.host_domains(run_json), () if told.unelastic else tuple(w.nodes for w in run_json.elastic.widths),
         group_nodes(run_json),
     )
@@ -370,6 +385,10 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
     remember(run, d, ended, attempt, failure)
     log(d.reason)
     if d.action == "restart":
+        if d.shrunk and job_id:
+            released, variables = release_lost(job_id, d, env)
+            common.update({"released": released} if released else {})
+            shell.update(variables)
         history.append(run, history.EVENT_NEXT, how=history.NEXT_ALLOCATION, hosts=d.hosts, replaced=d.replaced, **common)
         if d.grow and not grow_job:
             queue_grow(run, d, attempt, job_id, env)
@@ -411,6 +430,23 @@ def _carry_out(run: RunDir, d: Decision, ended: Ended, attempt: int, job_id: str
     history.append(run, history.EVENT_NEXT, how=history.NEXT_SLURM if d.action == "slurm" else history.NEXT_STOP, **common)
     emit(ACTION="exit", EXIT=d.exit_code, **shell)
     return 0
+
+
+def release_lost(job_id: str, d: Decision, env: dict[str, str]) -> tuple[list[str], dict[str, Any]]:
+    """An elastic shrink gives the nodes it leaves (the avoided ones) back to Slurm (batchhost.release): an admin can
+    repair them, and once cleared the run's full-size job can have them. The nodes given back, and the batch
+    script's Slurm node variables for what the job keeps (the next decisions read its allocation there)."""
+    alloc = allocation(env)
+    gone = [h for h in alloc if h not in d.hosts and h in d.exclude]
+    if not gone:
+        return [], {}
+    keep = [h for h in alloc if h not in gone]
+    why, variables = batchhost.release(job_id, keep, env)
+    if why:
+        log(f"warning: could not give {hostlist.compress(gone)} back to Slurm ({why}): they stay in this job, unused")
+        return [], {}
+    log(f"gave {hostlist.compress(gone)} back to Slurm: this job keeps {hostlist.compress(keep)}")
+    return gone, variables
 
 
 def queue_grow(run: RunDir, d: Decision, attempt: int, job_id: str, env: dict[str, str]) -> None:
