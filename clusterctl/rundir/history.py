@@ -27,7 +27,8 @@ Events, one JSON object per line (`time`: whole seconds since the epoch):
     requeue by, next_job, exclude, overrides   `clusterctl requeue` continued the run
     grow    attempt, job_id, next_job, exclude, reason   an elastic job that shrank queued its full-size job;
             a `next` with grow_withdrawn (that job's id) cancelled it; with by (`clusterctl suspects
-            --clear`), that job's exclusion changed: a node it left out was cleared
+            --clear`), that job's exclusion changed (or it was queued then): a node it left out was cleared;
+            next_job "" and refused (Slurm's reason): it could not be queued
 
 A torn or foreign line is skipped. Keys are only ever added.
 
@@ -180,6 +181,7 @@ class History:
     preamble: list[dict[str, Any]] = field(default_factory=list)  # events before the first attempt (a stop before any start)
     grow_job: str | None = None  # an elastic run's full-size job, queued while a shrunk attempt trains, not yet begun
     grow_exclude: list[str] = field(default_factory=list)  # the nodes that queued job leaves out (its grow event's)
+    grow_refused: bool = False  # the shrunk attempt's full-size job could not be queued (a grow event without next_job)
     excluded_since: dict[str, float] = field(default_factory=dict)  # each node of `exclude`: when the run began to avoid it
     unelastic: bool = False  # its script failed at a shrunk width (a `next` with unelastic): the run shrinks no more
 
@@ -274,6 +276,7 @@ def fold(
         if kind == EVENT_GROW:
             h.grow_job = jobid.native(e.get("next_job")) or None
             h.grow_exclude = [str(n) for n in e.get("exclude") or []]
+            h.grow_refused = h.grow_job is None  # Slurm refused it (too few nodes but the avoided): a clear queues it
         elif h.grow_job and (jobid.native(e.get("job_id")) == h.grow_job or e.get("grow_withdrawn")):
             h.grow_job = None  # it began (its first event), or was withdrawn
         number = _int(e.get("attempt"))
@@ -307,6 +310,7 @@ def fold(
             if a is not None:
                 a.signal = name
         elif kind == EVENT_NEXT:
+            h.grow_refused = False  # the shrunk attempt ended: nothing waits to grow back
             how = str(e.get("how") or "") or None
             h.reason = str(e.get("reason") or "")
             if _int(e.get("exit")) is not None:

@@ -455,7 +455,11 @@ def queue_grow(run: RunDir, d: Decision, attempt: int, job_id: str, env: dict[st
     try:
         grow_job = batchhost.submit_after(run.sbatch, "", d.exclude, env, {envnames.TAKES_OVER: job_id})
     except ClusterctlError as exc:
-        log(f"warning: the full-size job to grow back into could not be queued ({exc}): the run goes on shrunk")
+        # Too few nodes without the avoided ones, say: a clear of one of them queues it (actions/forgive.py).
+        history.append(run, history.EVENT_GROW, attempt=attempt, job_id=job_id, next_job="", exclude=d.exclude,
+                       refused=str(exc), reason=f"shrunk to {len(d.hosts)} nodes: the full-size job could not be queued")
+        log(f"warning: the full-size job to grow back into could not be queued ({exc}): the run goes on shrunk,"
+            " and queues it if a node it avoids is cleared (clusterctl suspects --clear)")
         return
     history.append(run, history.EVENT_GROW, attempt=attempt, job_id=job_id, next_job=grow_job, exclude=d.exclude,
                    reason=f"shrunk to {len(d.hosts)} nodes: job {grow_job} queued at full size, to take over when it starts")
