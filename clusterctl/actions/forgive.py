@@ -69,9 +69,12 @@ def widen_grow_jobs(root: Path, cleared: list[str], show: Callable[[str], None])
         except ClusterctlError as exc:
             show(f"run {path.name}: its full-size job to grow back into still leaves out {', '.join(back)}: {exc}")
             continue
-        history.append(run, history.EVENT_GROW, attempt=told.current.number, job_id=told.current.job_id, next_job=job,
-                       exclude=keep, by="clusterctl suspects --clear",
-                       reason=f"{', '.join(back)} cleared: the full-size job queued to grow back may run there")
+        try:
+            history.append(run, history.EVENT_GROW, attempt=told.current.number, job_id=told.current.job_id,
+                           next_job=job, exclude=keep, by="clusterctl suspects --clear",
+                           reason=f"{', '.join(back)} cleared: the full-size job queued to grow back may run there")
+        except OSError as exc:  # another user's run in a shared runs root: the job changed, its history not
+            show(f"run {path.name}: {exc.strerror or exc} writing its history (job {job} was changed)")
         show(f"run {path.name}: its full-size job {backend.display_id(job)}, to grow back into, {how} {', '.join(back)}")
         changed.append(path.name)
     return changed
