@@ -451,11 +451,11 @@ def release_lost(job_id: str, d: Decision, env: dict[str, str]) -> tuple[list[st
 
 def queue_grow(run: RunDir, d: Decision, attempt: int, job_id: str, env: dict[str, str]) -> None:
     """elastic.grow: the run's full-size job, queued now without the avoided nodes; when Slurm starts it, its
-    `begin` asks this job to save and stop and takes over (take_over). A refusal leaves the run shrunk."""
+    `begin` asks this job to save and stop and takes over (take_over). A refusal leaves the run shrunk, recorded
+    (a grow event with `refused`) so that a clear of a node it avoids queues it (actions/forgive.py)."""
     try:
         grow_job = batchhost.submit_after(run.sbatch, "", d.exclude, env, {envnames.TAKES_OVER: job_id})
     except ClusterctlError as exc:
-        # Too few nodes without the avoided ones, say: a clear of one of them queues it (actions/forgive.py).
         history.append(run, history.EVENT_GROW, attempt=attempt, job_id=job_id, next_job="", exclude=d.exclude,
                        refused=str(exc), reason=f"shrunk to {len(d.hosts)} nodes: the full-size job could not be queued")
         log(f"warning: the full-size job to grow back into could not be queued ({exc}): the run goes on shrunk,"
