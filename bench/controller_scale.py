@@ -303,12 +303,15 @@ def one_size(root: Path, world: int, live: bool) -> dict[str, Any]:
     return row
 
 
-def in_namespace() -> None:
-    """Re-run in a private mount namespace whose /etc/hosts names ::ffff:127.0.0.1 (root + unshare only)."""
+def in_namespace(sources: int = 1) -> None:
+    """Re-run in a private mount namespace whose /etc/hosts names ::ffff:127.0.0.1 and the loopback addresses
+    127.0.0.2 .. 127.0.0.<sources> that stand-ins connect from (torch's store looks up every peer's name: one not in
+    /etc/hosts goes to DNS). Root + unshare only."""
     if os.environ.get(NAMESPACE_FLAG) or os.geteuid() != 0 or not shutil.which("unshare") or "--no-namespace" in sys.argv:
         return
     hosts = Path(tempfile.mkdtemp(prefix="ctlscale-")) / "hosts"
-    hosts.write_text(Path("/etc/hosts").read_text() + "\n::ffff:127.0.0.1 localhost\n")
+    named = "".join(f"127.0.0.{i} loopback{i}\n" for i in range(2, sources + 1))
+    hosts.write_text(Path("/etc/hosts").read_text() + "\n::ffff:127.0.0.1 localhost\n" + named)
     script = f'mount --bind "{hosts}" /etc/hosts && exec "$0" "$@"'
     env = dict(os.environ, **{NAMESPACE_FLAG: "1"})
     rc = subprocess.call(["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, *sys.argv], env=env)

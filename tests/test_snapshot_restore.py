@@ -125,14 +125,48 @@ def test_a_replaced_nodes_ranks_restore_from_their_peers_replicas_over_links_of_
     assert _on_every_rank(list(range(6)), train) == dict.fromkeys(range(6))
     shutil.rmtree(root / "run" / "node1")  # node 1 lost: a spare with empty host memory takes its place
 
-    restored = _on_every_rank(list(range(6)), lambda r: _snapshots(root, server.port, r, world=6, g=2,
-                                                                    prefix="b/").restore(None))
+    from clusterctl.checkpoint.snapshots import Snapshots
+
+    waited: list[int] = []  # the ranks that waited on the store for the plan
+    on_store = Snapshots._await_plan
+
+    def restore(r: int) -> Any:
+        snaps = _snapshots(root, server.port, r, world=6, g=2, prefix="b/")
+        snaps._await_plan = lambda *a: (waited.append(r), on_store(snaps, *a))[1]
+        return snaps.restore(None)
+
+    restored = _on_every_rank(list(range(6)), restore)
     for r in range(6):
         assert not isinstance(restored[r], Exception), restored[r]
         assert restored[r].step == 2 and restored[r].state["w"].item() == 100.0 * r + 2
         assert restored[r].extra == {"rank": r}
         assert restored[r].served == {2: 4, 3: 5}  # node 2 held node 1's replicas and sent them
     assert not dist.is_initialized()  # no world group was ever made: pairs and the store only
+    # the store woke a rank a node for the plan (rank 0 made it): the others took it from their node's leader
+    assert sorted(waited) == [2, 4]
+
+
+def test_a_ranks_leader_hands_it_the_plan_and_a_leader_that_never_does_leaves_it_the_durable_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    from clusterctl.checkpoint import snapshots
+    from clusterctl.store import sealed
+
+    server = _store_server()
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o700)
+    follower = _snapshots(root, server.port, 3, world=4, g=2, prefix="f/", agree_timeout_s=0.5)
+    path = follower._relay_file("f/plan")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(RestorePlan(99, ((0, 3),)).to_json().encode())  # not sealed with the attempt's token: waited past
+    real = RestorePlan(None, why="no step's snapshot is held for every rank")
+    later = threading.Timer(0.3, lambda: path.write_bytes(sealed.seal(TOKEN, "f/plan", real.to_json())))
+    later.start()
+    assert follower._agree({}, [], None) == real
+    later.join()
+    monkeypatch.setattr(snapshots, "PLAN_MARGIN_S", 0.0)
+    lone = _snapshots(root, server.port, 5, world=6, g=2, prefix="g/", agree_timeout_s=0.5)
+    assert lone.restore(None) is None  # its leader, rank 4, never reached the restore
+    assert "no restore plan came from this node's first rank (rank 4) within 0.5 s" in capfd.readouterr().err
 
 
 def test_a_node_whose_inventory_never_comes_leaves_the_restore_to_the_durable_checkpoint_and_is_named(

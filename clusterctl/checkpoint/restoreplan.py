@@ -102,7 +102,7 @@ def encode_held(held: Mapping[int, Mapping[int, object] | Iterable[int]],
 
 
 def _held(raw: Mapping[str, Any]) -> dict[int, tuple[int, ...]]:
-    return {int(r): tuple(int(s) for s in steps) for r, steps in raw.items() if r != "others"}
+    return {int(r): tuple(map(int, steps)) for r, steps in raw.items() if r != "others"}
 
 
 def decode_inventory(text: str | bytes) -> Inventory:

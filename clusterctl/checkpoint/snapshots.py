@@ -86,6 +86,8 @@ LINK_TIMEOUT_S = 300  # a peer that neither sends nor takes its replica for this
 AGREE_TIMEOUT_S = 60.0  # rank 0 waits this long for every node's inventory, then the durable checkpoint decides
 PLAN_MARGIN_S = 30.0  # a rank waits for rank 0's plan this much longer than rank 0 waits for the inventories
 POLL_S = 0.05  # a key whose value is not this attempt's: look again this often
+RELAY_PREFIX = "agreed-"  # <node>/agreed-<node index>-<key digest>: the plan a node leader hands its node's ranks
+RELAY_POLL_S = (0.002, 0.05)  # a rank looks for its leader's plan this often at first, backing off to the second
 _opened = itertools.count()  # snapshots opened in this process: each one's store keys are its own
 
 
@@ -424,15 +426,68 @@ class Snapshots:
 
     def _agree(self, held: dict[int, dict[int, str]], others: list[tuple[Width, dict[int, dict[int, str]]]],
                durable_step: int | None) -> RestorePlan:
-        """The restore plan: this node's inventory in, rank 0's plan out (rank 0 alone reads every node's)."""
+        """The restore plan: this node's inventory in, rank 0's plan out (rank 0 alone reads every node's).
+
+        Only the node leaders (each node's first rank) wait on the store for
+        the plan: the store then wakes a rank a node, 12,500 at 100,000 ranks
+        instead of every rank, and each leader hands the plan to its node's
+        other ranks through the node's tmpfs (`_relay`). Where the root is
+        not this user's alone, or a node runs one rank, every rank waits on
+        the store as before.
+        """
         g = self.gpus_per_node
-        if self.rank % g == 0:
-            self._put(self.prefix + f"inventory/{self.rank // g}", encode_held(held, others))
+        key = self.prefix + "plan"
+        deadline = time.monotonic() + self.agree_timeout_s + PLAN_MARGIN_S
+        relayed = g > 1 and not self.untrusted
+        if self.rank % g:
+            return self._await_relay(key, deadline) if relayed else self._await_plan(key, deadline)
+        self._put(self.prefix + f"inventory/{self.rank // g}", encode_held(held, others))
         if self.rank == 0:
             plan = self._plan(durable_step)
-            self._put(self.prefix + "plan", plan.to_json())
-            return plan
-        return self._await_plan(self.prefix + "plan", time.monotonic() + self.agree_timeout_s + PLAN_MARGIN_S)
+            self._put(key, plan.to_json())
+        else:
+            plan = self._await_plan(key, deadline)
+        if relayed:
+            self._relay(key, plan)
+        return plan
+
+    def _relay_file(self, key: str) -> Path:
+        """This attempt's plan for this node's ranks, beside the node's snapshots (named by the node and the key)."""
+        return self.node / f"{RELAY_PREFIX}{self.rank // self.gpus_per_node}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    def _relay(self, key: str, plan: RestorePlan) -> None:
+        """The node leader's plan, sealed as rank 0 sealed it, for its node's other ranks: written whole, then renamed."""
+        path = self._relay_file(key)
+        data = sealed.seal(self.token, key, plan.to_json()) if self.token else plan.to_json().encode()
+        try:
+            self.node.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for old in self.node.glob(f"{RELAY_PREFIX}{self.rank // self.gpus_per_node}-*"):  # earlier attempts'
+                if old != path:
+                    old.unlink(missing_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:  # the node's other ranks wait to their deadline, then resume from the durable checkpoint
+            print(f"clusterctl: warning: rank {self.rank}: cannot hand the restore plan to this node's ranks ({exc})",
+                  file=sys.stderr, flush=True)
+
+    def _await_relay(self, key: str, deadline: float) -> RestorePlan:
+        """The plan this node's leader relayed, looked for every few milliseconds until `deadline`."""
+        path, pause = self._relay_file(key), RELAY_POLL_S[0]
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                body = self._open(key, path.read_bytes())
+                if body is not None:
+                    return RestorePlan.from_json(body)
+            if time.monotonic() >= deadline:
+                leader = self.rank - self.rank % self.gpus_per_node
+                why = (f"no restore plan came from this node's first rank (rank {leader}) within"
+                       f" {self.agree_timeout_s + PLAN_MARGIN_S:g} s")
+                print(f"clusterctl: warning: rank {self.rank}: no restore from host memory: {why}", file=sys.stderr,
+                      flush=True)
+                return RestorePlan(None, why=why)
+            time.sleep(pause)
+            pause = min(RELAY_POLL_S[1], pause * 1.5)
 
     def _await_plan(self, key: str, deadline: float) -> RestorePlan:
         """Rank 0's sealed plan, waited for until `deadline` (a value under the key that is not rank 0's is not one)."""
