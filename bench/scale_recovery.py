@@ -242,8 +242,10 @@ def worker(port: int, world: int, first: int, last: int, scratch: str) -> None:
 
 # TCPStore's wire, as torch 2.13's client speaks it (c10d's QueryType; keys carry the client's "/" prefix; sizes
 # are little-endian uint64): checked against torch's own client before each size (`check_wire`).
-Q_VALIDATE, Q_SET, Q_COMPARE_SET, Q_GET, Q_ADD, Q_WAIT = 0, 1, 2, 3, 4, 6
+Q_VALIDATE, Q_SET, Q_COMPARE_SET, Q_GET, Q_ADD, Q_WAIT, Q_PING = 0, 1, 2, 3, 4, 6, 13
 VALIDATION_MAGIC = 0x3C85F7CE
+# torch's client greets with both in one send, then waits for the nonce back: a round trip before its first request
+GREETING = bytes([Q_VALIDATE]) + struct.pack("<I", VALIDATION_MAGIC) + bytes([Q_PING]) + struct.pack("<I", 0x5043)
 
 
 def wire_bytes(b: bytes) -> bytes:
@@ -272,7 +274,8 @@ def wire_add(key: str, amount: int) -> bytes:
 
 def wire_open(port: int) -> socket.socket:
     conn = socket.create_connection(("127.0.0.1", port), timeout=60)
-    conn.sendall(bytes([Q_VALIDATE]) + struct.pack("<I", VALIDATION_MAGIC))
+    conn.sendall(GREETING)
+    recv_exact(conn, 4)  # the ping's nonce
     return conn
 
 
@@ -544,7 +547,8 @@ SOURCES = 4  # loopback source addresses the stand-ins connect from: 28k ephemer
 
 def register_worker(port: int, world: int, ranks: list[int], run_dir: str) -> None:
     """Stand-in ranks on the store's own wire, one connection each in one selector loop, doing what
-    rendezvous.connect, register and await_verdict do: connect, validate, compare-and-set the sealed registration,
+    rendezvous.connect, register and await_verdict do: connect, validate and ping (torch's greeting, answered before
+    any request), compare-and-set the sealed registration,
     add to the arrival count, wait for the verdict and read it. The records are made before the release; on the
     line "go" every connection is opened at once (a warm restart's forked ranks all reach the store together).
     Prints the last arrival and the first and last rank holding the verdict."""
@@ -602,8 +606,8 @@ def register_worker(port: int, world: int, ranks: list[int], run_dir: str) -> No
                     selector.unregister(conn)
                     left -= 1
                     continue
-                send(conn, bytes([Q_VALIDATE]) + struct.pack("<I", VALIDATION_MAGIC) + sends[one["rank"]])
-                one["state"] = "claim"
+                send(conn, GREETING)
+                one["state"] = "ping"
                 selector.modify(conn, selectors.EVENT_READ)
                 continue
             got = conn.recv(65536)
@@ -614,7 +618,13 @@ def register_worker(port: int, world: int, ranks: list[int], run_dir: str) -> No
                 continue
             one["buf"] += got
             while True:
-                if one["state"] == "claim":
+                if one["state"] == "ping":
+                    if len(one["buf"]) < 4:
+                        break
+                    one["buf"] = one["buf"][4:]
+                    send(conn, sends[one["rank"]])
+                    one["state"] = "claim"
+                elif one["state"] == "claim":
                     answer = vector(one)
                     if answer is None:
                         break
@@ -722,7 +732,7 @@ def reregister(root: Path, world: int) -> dict[str, Any]:
                    accept_queue_overflows=listen_overflows() - overflows0)
     else:
         seen: dict[str, float] = {}
-        waiter = watch_verdict(store, seen)
+        waiter = watch_verdict(ctl.wait_store(), seen)  # a client of its own: the preload uses `store`
         last = preload(store, world, hosts, str(attempt.parent))
         waiter.join(600)
         row.update(mode="preloaded: the controller's part", storm_s=None, controller_part_s=round(seen["verdict"] - last, 3))

@@ -21,7 +21,10 @@ collective, and nothing in it spans the world: each node's first rank puts
 its node's inventory in the rendezvous store once, rank 0 alone reads them
 and publishes the newest step for which every rank's state is somewhere
 (its own node, or a peer node that holds it) with the few transfers it
-needs (restoreplan.py), and a rank whose node lacks it (a spare that
+needs (restoreplan.py), each node's first rank alone waits for that plan
+in the store and hands it to its node's other ranks in a file beside the
+snapshots (`agreed-<node>-<key digest>`, sealed as rank 0 sealed it), and a
+rank whose node lacks it (a spare that
 replaced a lost node) receives it from a rank on a node that has it, over a
 link of their own (pairlink.py). Never a mix of steps. A node whose
 inventory has not come within AGREE_TIMEOUT_S leaves the restore to the
