@@ -308,6 +308,23 @@ def recv_exact(conn: socket.socket, n: int) -> bytes:
     return data
 
 
+def send_whole(conn: socket.socket, data: bytes) -> None:
+    """All of `data` on a connection a selector loop reads without blocking."""
+    conn.setblocking(True)
+    conn.sendall(data)
+    conn.setblocking(False)
+
+
+def take_vector(one: dict[str, Any]) -> bytes | None:
+    """A length-prefixed value off the front of a stand-in's buffer, once all of it came."""
+    buf = one["buf"]
+    if len(buf) < 8 or len(buf) < 8 + struct.unpack("<Q", buf[:8])[0]:
+        return None
+    size = struct.unpack("<Q", buf[:8])[0]
+    one["buf"] = buf[8 + size:]
+    return buf[8:8 + size]
+
+
 def raw_worker(port: int, world: int, nodes: list[int]) -> None:
     """Stand-in node leaders on the store's own wire, one connection each in one selector loop: wait for the
     release, put the node's sealed inventory (what the real leader puts), wait for the plan, read it. A real leader
@@ -352,24 +369,18 @@ def raw_worker(port: int, world: int, nodes: list[int]) -> None:
                     one["buf"] = buf[1:]
                     if one["state"] == "release":
                         arrived.append(time.time())
-                        conn.setblocking(True)
-                        conn.sendall(one["put"] + wire_wait(plan_key))
+                        send_whole(conn, one["put"] + wire_wait(plan_key))
                         one["state"] = "plan-wait"
                     else:
-                        conn.setblocking(True)
-                        conn.sendall(wire_get(plan_key))
+                        send_whole(conn, wire_get(plan_key))
                         one["state"] = "plan-get"
-                    conn.setblocking(False)
                     continue
-                if one["state"] == "plan-get" and len(buf) >= 8:
-                    size = struct.unpack("<Q", buf[:8])[0]
-                    if len(buf) >= 8 + size:
-                        held.append(time.time())
-                        body = buf[8:8 + size]
-                        bodies[body] = bodies.get(body, 0) + 1
-                        one["buf"], one["state"] = buf[8 + size:], "done"
-                        selector.unregister(conn)
-                        left -= 1
+                if one["state"] == "plan-get" and (body := take_vector(one)) is not None:
+                    held.append(time.time())
+                    bodies[body] = bodies.get(body, 0) + 1
+                    one["state"] = "done"
+                    selector.unregister(conn)
+                    left -= 1
                 break
     plans = []
     for body in bodies:
@@ -582,19 +593,6 @@ def register_worker(port: int, world: int, ranks: list[int], run_dir: str) -> No
     failed: list[str] = []
     left = len(conns)
 
-    def send(conn: socket.socket, data: bytes) -> None:
-        conn.setblocking(True)
-        conn.sendall(data)
-        conn.setblocking(False)
-
-    def vector(one: dict[str, Any]) -> bytes | None:
-        buf = one["buf"]
-        if len(buf) < 8 or len(buf) < 8 + struct.unpack("<Q", buf[:8])[0]:
-            return None
-        size = struct.unpack("<Q", buf[:8])[0]
-        one["buf"] = buf[8 + size:]
-        return buf[8:8 + size]
-
     deadline = time.time() + 600
     while left and time.time() < deadline:
         for key, events in selector.select(5):
@@ -606,7 +604,7 @@ def register_worker(port: int, world: int, ranks: list[int], run_dir: str) -> No
                     selector.unregister(conn)
                     left -= 1
                     continue
-                send(conn, GREETING)
+                send_whole(conn, GREETING)
                 one["state"] = "ping"
                 selector.modify(conn, selectors.EVENT_READ)
                 continue
@@ -622,31 +620,31 @@ def register_worker(port: int, world: int, ranks: list[int], run_dir: str) -> No
                     if len(one["buf"]) < 4:
                         break
                     one["buf"] = one["buf"][4:]
-                    send(conn, sends[one["rank"]])
+                    send_whole(conn, sends[one["rank"]])
                     one["state"] = "claim"
                 elif one["state"] == "claim":
-                    answer = vector(one)
+                    answer = take_vector(one)
                     if answer is None:
                         break
                     if answer != sends[one["rank"]][-len(answer):]:
                         failed.append(f"rank {one['rank']}: its rank was claimed by another")
-                    send(conn, arrive)
+                    send_whole(conn, arrive)
                     one["state"] = "arrive"
                 elif one["state"] == "arrive":
                     if len(one["buf"]) < 8:
                         break
                     one["buf"] = one["buf"][8:]
                     arrived.append(time.time())
-                    send(conn, verdict_wait)
+                    send_whole(conn, verdict_wait)
                     one["state"] = "wait"
                 elif one["state"] == "wait":
                     if not one["buf"]:
                         break
                     one["buf"] = one["buf"][1:]
-                    send(conn, verdict_get)
+                    send_whole(conn, verdict_get)
                     one["state"] = "get"
                 elif one["state"] == "get":
-                    body = vector(one)
+                    body = take_vector(one)
                     if body is None:
                         break
                     told.append(time.time())

@@ -454,9 +454,13 @@ class Snapshots:
             self._relay(key, plan)
         return plan
 
+    def _relay_stem(self) -> str:
+        """The start of every attempt's relay file for this rank's node (its index: emulated nodes may share a host)."""
+        return f"{RELAY_PREFIX}{self.rank // self.gpus_per_node}-"
+
     def _relay_file(self, key: str) -> Path:
         """This attempt's plan for this node's ranks, beside the node's snapshots (named by the node and the key)."""
-        return self.node / f"{RELAY_PREFIX}{self.rank // self.gpus_per_node}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        return self.node / (self._relay_stem() + hashlib.sha256(key.encode()).hexdigest()[:16])
 
     def _relay(self, key: str, plan: RestorePlan) -> None:
         """The node leader's plan, sealed as rank 0 sealed it, for its node's other ranks: written whole, then renamed."""
@@ -464,7 +468,7 @@ class Snapshots:
         data = sealed.seal(self.token, key, plan.to_json()) if self.token else plan.to_json().encode()
         try:
             self.node.mkdir(parents=True, exist_ok=True, mode=0o700)
-            for old in self.node.glob(f"{RELAY_PREFIX}{self.rank // self.gpus_per_node}-*"):  # earlier attempts'
+            for old in self.node.glob(self._relay_stem() + "*"):  # earlier attempts'
                 if old != path:
                     old.unlink(missing_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}")
