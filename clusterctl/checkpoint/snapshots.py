@@ -52,7 +52,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import sys
 import threading
 import time
@@ -79,8 +78,8 @@ from clusterctl.checkpoint.restoreplan import (
     remapper,
 )
 from clusterctl.store import collect, sealed
+from clusterctl.store.nodetmp import ROOT_ENV, default_root, node_dir, private_root  # noqa: F401 - the snapshots' root
 
-ROOT_ENV = "CLUSTERCTL_SNAPSHOTS"
 KEEP = SNAPSHOTS_KEPT  # per rank: the newest may be half-written when a rank dies; the one before it is whole
 PREFIX, SUFFIX = "step-", ".pt"
 HOLDINGS = re.compile(r"^(rank|replica)-(\d+)-of-(.+)$")
@@ -92,36 +91,6 @@ POLL_S = 0.05  # a key whose value is not this attempt's: look again this often
 RELAY_PREFIX = "agreed-"  # <node>/agreed-<node index>-<key digest>: the plan a node leader hands its node's ranks
 RELAY_POLL_S = (0.002, 0.05)  # a rank looks for its leader's plan this often at first, backing off to the second
 _opened = itertools.count()  # snapshots opened in this process: each one's store keys are its own
-
-
-def default_root() -> Path:
-    configured = os.environ.get(ROOT_ENV)
-    if configured:
-        return Path(configured)
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
-    return base / f"clusterctl-{os.getuid()}"
-
-
-def private_root(root: Path) -> str:
-    """'' when `root` is this user's alone (made so when missing), else why not: /dev/shm is every user's.
-
-    A directory another user made, or one others may enter, could hold files
-    planted for a restart to load (a snapshot is a pickle): then no snapshot
-    is written or read there.
-    """
-    try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        found = os.lstat(root)
-    except OSError as exc:
-        return f"cannot make {root}: {exc.strerror or exc}"
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
-        return f"{root} is not a directory of this user's alone (mode {stat.S_IMODE(found.st_mode):o}, uid {found.st_uid})"
-    return ""
-
-
-def node_dir(root: Path, run_id: str, node: str) -> Path:
-    """One node's snapshots of one run (what the node's server removes at the end of the job)."""
-    return root / run_id / node
 
 
 def world_tag(world: int, layout: Any = None) -> str:

@@ -61,6 +61,7 @@ from clusterctl.rundir import verdict as verdictfile
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.controller import admission, filelimit, storeport
 from clusterctl.runtime.controller.blame import parse_srun_lines, stopped_on_request
+from clusterctl.runtime.controller.intake import Intake
 from clusterctl.runtime.controller.keeper import VerdictKeeper
 from clusterctl.runtime.controller.response import Response
 from clusterctl.runtime.controller.watchdog import Watchdog
@@ -111,6 +112,7 @@ class Controller:
         self.stopped_from_outside = False
         self.marker: str | None = None
         self.records: dict[int, dict] = {}  # rank -> the judged summary of its registration
+        self.intake: Intake | None = None  # the registrations read so far (from the rendezvous on)
         self.watch: WatchServer | None = None
         self.response: Response | None = None
         self.keeper = VerdictKeeper(attempt_dir, log)
@@ -211,21 +213,24 @@ class Controller:
     def wait_for_ranks(self) -> int:
         """Until every rank's registration is in the store (or the timeout); how many are. The counter the ranks
         bump only says when to look: anyone can move it, and a stranger's decrement must not hold the rendezvous
-        any more than an increment may start it with ranks missing."""
+        any more than an increment may start it with ranks missing. What arrived is read (and its summaries
+        decoded) as it is looked at (intake.py), so little is left to read once the last rank is in."""
         deadline = time.monotonic() + self.timeout_s
-        keys = [registration.reg_key(r) for r in range(self.world)]
+        self.intake = Intake(self.store, self.world, self.gpn, self.token)
         seen, looked = -1, 0.0
         while not self.done.is_set() and time.monotonic() < deadline:
             count = self.store.add(registration.ARRIVED, 0)
-            if (count != seen and count >= self.world) or time.monotonic() - looked >= PRESENCE_EVERY_S:
+            full = count != seen and count >= self.world
+            if full or time.monotonic() - looked >= PRESENCE_EVERY_S:
                 seen, looked = count, time.monotonic()
-                if all(self.store.check(list(part)) for part in collect.chunks(keys)):
+                if self.intake.complete(thorough=full):
                     return self.world
             time.sleep(POLL_S)
-        return collect.count_present(self.store, keys)
+        self.intake.complete(thorough=True)
+        return len(self.intake.records)
 
     def collect(self) -> tuple[dict[int, dict], dict[int, list[dict]], dict[int, str]]:
-        """Registrations (their summaries), duplicates and early errors.
+        """Registrations (their summaries, intake.py), duplicates and early errors.
 
         Bounded requests (store/collect.py): linear, and never the
         >131,072-key request the store refuses. Only each registration's
@@ -233,12 +238,8 @@ class Controller:
         manifest is written (at 100,000 ranks, ~180 MB not held twice).
         """
         store = self.store
-        keys = [registration.reg_key(r) for r in range(self.world)]
-        records: dict[int, dict] = {}
-        seen: dict[Any, Any] = {}
-        for r, raw in collect.iter_present(store, keys):
-            records[r] = registration.share_values(registration.open_registration(self.token, r, 1, raw)[0], seen)
-        duplicates: dict[int, list[dict]] = {}
+        records = self.intake.records
+        duplicates = {rank: list(found) for rank, found in self.intake.duplicates.items()}
         for rank, claim in registration.parse_claims(self._raw(registration.DUPLICATES), self.token, self.world):
             key = registration.reg_key(rank, claim)
             if store.check([key]):
@@ -399,9 +400,7 @@ class Controller:
         def rows() -> Iterator[bytes]:
             for start in range(0, self.world, collect.CHUNK):
                 ranks = range(start, min(self.world, start + collect.CHUNK))
-                judged = [r for r in ranks if r in records]
-                stored = self.store.multi_get([registration.reg_key(r) for r in judged]) if judged else []
-                fulls = dict(zip(judged, map(registration.full_record, stored)))
+                fulls = self.intake.full_records([r for r in ranks if r in records])
                 for r in ranks:
                     tail = template % tuple(column[r] for column in columns)
                     full = fulls.get(r)

@@ -127,17 +127,10 @@ def managed(argv: list[str]) -> int:
     found = versions()  # imports torch: the one import of this process
     record = _registration(info, started, checks, checked, found)
     timeout_s = float(info.run.rendezvous.timeout_s)
-    try:
-        store = rendezvous.connect(info, timeout_s)
-    except Exception as exc:  # noqa: BLE001
-        print(
-            f"clusterctl.launch: rank {info.rank} on {info.host} cannot reach the rendezvous store at"
-            f" {info.master_addr}:{info.master_port}: {exc}",
-            file=sys.stderr,
-        )
-        return int(ExitCode.RENDEZVOUS_FAILED)
-    rendezvous.register(store, info.rank, record, info.token)
-    verdict = rendezvous.await_verdict(store, timeout_s, info.world_size, info.token)
+    joined = _join(info, record, timeout_s)
+    if isinstance(joined, int):
+        return joined
+    store, verdict = joined
     if not verdict.ok:
         if info.rank == 0:
             print(f"clusterctl: {verdict.message}", file=sys.stderr)
@@ -148,6 +141,46 @@ def managed(argv: list[str]) -> int:
     rendezvous.CURRENT_STORE = store
     watched(info, cuda=found["nccl"] is not None)
     return _run_reported(argv, info, store)
+
+
+def _join(info: Any, record: dict[str, Any], timeout_s: float) -> tuple[Any, Any] | int:
+    """Register and wait for the verdict: (the rank's store client, the verdict), or the exit code when the store
+    cannot be reached. A rank of a node of several registers through the node's first rank (nodegather.py)."""
+    from clusterctl.runtime.rank import nodegather, rendezvous
+    from clusterctl.runtime.wire import registration
+
+    path = nodegather.folder(info)
+    payload = registration.sealed_registration(info.token, info.rank, 1, record)
+    outcome = None
+    if path is not None and info.local_rank:
+        wait_s = timeout_s + registration.verdict_margin_s(info.world_size)
+        outcome, verdict = nodegather.follow(path, info.rank, payload, lambda raw: rendezvous.opened_verdict(
+            raw, info.token), time.monotonic() + wait_s)
+        store: Any = rendezvous.LazyStore(info, timeout_s)
+        if outcome == nodegather.TOLD:
+            return store, verdict
+    try:
+        store = rendezvous.connect(info, timeout_s)
+    except Exception as exc:  # noqa: BLE001
+        print(
+            f"clusterctl.launch: rank {info.rank} on {info.host} cannot reach the rendezvous store at"
+            f" {info.master_addr}:{info.master_port}: {exc}",
+            file=sys.stderr,
+        )
+        return int(ExitCode.RENDEZVOUS_FAILED)
+    if outcome == nodegather.STORE:  # the leader registered this rank, and died before handing the verdict on
+        return store, rendezvous.await_verdict(store, timeout_s, info.world_size, info.token)
+    registered: list[int] = []
+    if path is not None and not info.local_rank:
+        payloads = nodegather.gather(path, info.rank, info.gpus_per_node, info.world_size, payload)
+        registered = rendezvous.register_node(store, info.node_slot, payloads)
+        nodegather.announce(path, registered)
+    if info.rank not in registered:
+        rendezvous.register(store, info.rank, record, info.token, listed=path is not None)
+    verdict, raw = rendezvous.await_sealed_verdict(store, timeout_s, info.world_size, info.token)
+    if registered and raw is not None:
+        nodegather.relay(path, raw)
+    return store, verdict
 
 
 def _registration(info: Any, started: float, checks: dict[str, Any], checked: float, found: dict[str, Any]) -> dict[str, Any]:
@@ -188,9 +221,10 @@ def _post_checks(info: Any, store: Any, timeout_s: float) -> int | None:
     """The opt-in checks after the rendezvous (comm, compute): the failing code, or None when none failed."""
     post = [c for c in info.run.preflight.checks if c in POST_RENDEZVOUS]
     if post:
+        from clusterctl.runtime.rank import rendezvous
         from clusterctl.runtime.rank.postchecks import run_post_checks
 
-        failure = run_post_checks(post, info, store, timeout_s)
+        failure = run_post_checks(post, info, rendezvous.client(store), timeout_s)  # torch's groups take torch's client
         if failure is not None:
             if info.rank == 0:
                 print(f"clusterctl: {failure.message}", file=sys.stderr)

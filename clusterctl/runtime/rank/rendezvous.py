@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -53,14 +54,18 @@ def connect(info: RankInfo, timeout_s: float):  # noqa: ANN201 - torch type
     )
 
 
-def register(store: Any, rank: int, record: dict[str, Any], token: str) -> int:
+def register(store: Any, rank: int, record: dict[str, Any], token: str, listed: bool = False) -> int:
     """Claim the rank and publish the record, sealed; returns the claim number (1 unless a duplicate).
 
     The first claimant's compare-and-set stores its record and answers with
     it; a later claimant gets the first one's record back (records differ:
     each carries its pid, host and start time) and registers as a duplicate.
+    A rank of a node of several that registers on its own (`listed`) says so
+    in DIRECT: the controller reads such a rank's key besides its node's.
     """
     payload = registration.sealed_registration(token, rank, 1, record)
+    if listed:
+        store.append(registration.DIRECT, sealed.item(token, registration.DIRECT, str(rank)))
     if bytes(store.compare_set(registration.reg_key(rank), "", payload)) == payload:
         store.add(registration.ARRIVED, 1)
         return 1
@@ -71,8 +76,25 @@ def register(store: Any, rank: int, record: dict[str, Any], token: str) -> int:
     return claim
 
 
+def register_node(store: Any, slot: int, payloads: dict[int, bytes]) -> list[int]:
+    """A node leader's registration of its node's ranks (runtime/rank/nodegather.py), each one's sealed record as it
+    would have stored it; the ranks registered: none when the node's key holds another value (a stranger's, or a
+    stale leader's), and every rank then registers on its own."""
+    value = registration.encode_node(payloads)
+    if bytes(store.compare_set(registration.node_key(slot), "", value)) != value:
+        return []
+    store.add(registration.ARRIVED, len(payloads))
+    return sorted(payloads)
+
+
 def await_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> Verdict:
-    """The controller's verdict, waiting past the rendezvous timeout by a margin that grows with the world.
+    """The controller's verdict (`await_sealed_verdict`)."""
+    return await_sealed_verdict(store, timeout_s, world_size, token)[0]
+
+
+def await_sealed_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> tuple[Verdict, bytes | None]:
+    """The controller's verdict, and its sealed value as the store held it (for a node leader to hand on), waiting
+    past the rendezvous timeout by a margin that grows with the world.
 
     A get waits for its key on its own: one wait and one get, where an
     explicit wait first would cost a third round trip. A verdict without the
@@ -86,16 +108,46 @@ def await_verdict(store: Any, timeout_s: float, world_size: int, token: str) -> 
     store.set_timeout(timedelta(seconds=wait_s))
     try:
         while True:
-            body = sealed.unseal(token, registration.VERDICT, store.get(registration.VERDICT))
-            if body is not None:
-                return registration.read_verdict(body)
+            raw = bytes(store.get(registration.VERDICT))
+            found = opened_verdict(raw, token)
+            if found is not None:
+                return found, raw
             if time.monotonic() >= deadline:
                 return Verdict(False, int(ExitCode.RENDEZVOUS_FAILED),
                                "no rendezvous verdict of the controller's came: the one in the store has no valid seal"
-                               " (someone else wrote it), and this rank stops without acting on it")
+                               " (someone else wrote it), and this rank stops without acting on it"), None
             time.sleep(FORGED_VERDICT_POLL_S)
     finally:
         store.set_timeout(previous)
+
+
+def opened_verdict(raw: bytes, token: str) -> Verdict | None:
+    """The verdict in VERDICT's sealed value; None for one without the controller's seal."""
+    body = sealed.unseal(token, registration.VERDICT, raw)
+    return registration.read_verdict(body) if body is not None else None
+
+
+class LazyStore:
+    """A rank's store client, connected when first used: a rank its node's leader registered needs none until the
+    process group's init, and 100,000 connections at once are the store's busiest moment."""
+
+    def __init__(self, info: RankInfo, timeout_s: float) -> None:
+        self._info, self._timeout_s, self._client = info, timeout_s, None
+        self._lock = threading.Lock()
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = connect(self._info, self._timeout_s)
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client(), name)
+
+
+def client(store: Any) -> Any:
+    """torch's own client behind `store` (a LazyStore connects now): what torch's C++ side must be given."""
+    return store.client() if isinstance(store, LazyStore) else store
 
 
 def report_error(store: Any, rank: int, text: str, token: str) -> None:
@@ -180,7 +232,7 @@ def share_with_process_group(store: Any, rank: int, world_size: int) -> None:
         if not (lent and ours):
             yield from original(url, **kwargs)
             return
-        yield lent.pop(), rank, world_size
+        yield client(lent.pop()), rank, world_size
         raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 
     handlers["env"] = env_handler

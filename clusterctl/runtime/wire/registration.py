@@ -29,6 +29,7 @@ POSTCHECK = PREFIX + "postcheck"  # rank 0's outcome of the comm/compute checks 
 POST_RENDEZVOUS: tuple[str, ...] = ("comm", "compute")  # the checks whose outcome comes as POSTCHECK
 STOP = PREFIX + "stop"  # set (sealed) by the controller when the batch shell asks the ranks to save and stop
 RETURNED = PREFIX + "returned"  # appended "rank:code" (sealed) by every rank whose command returned (0, or 85 on request)
+DIRECT = PREFIX + "direct"  # appended "rank" (sealed) by a rank of a node of several that registered on its own
 
 
 def parse_returned(raw: bytes | None, token: str, world: int) -> dict[int, int]:
@@ -41,11 +42,12 @@ def parse_returned(raw: bytes | None, token: str, world: int) -> dict[int, int]:
     return found
 
 
-def parse_ranks(raw: bytes | None, token: str, world: int) -> list[int]:
-    """ERRORED's sealed "rank" entries: the ranks of this world, each once, in order (whatever else anyone wrote
-    is skipped: the store takes any client's writes, and one bad entry must not crash the controller)."""
+def parse_ranks(raw: bytes | None, token: str, world: int, key: str = ERRORED) -> list[int]:
+    """A list of sealed "rank" entries (ERRORED's, DIRECT's): the ranks of this world, each once, in order (whatever
+    else anyone wrote is skipped: the store takes any client's writes, and one bad entry must not crash the
+    controller)."""
     found: dict[int, None] = {}
-    for entry in sealed.items(token, ERRORED, raw):
+    for entry in sealed.items(token, key, raw):
         if entry.isdigit() and int(entry) < world:
             found.setdefault(int(entry))
     return list(found)
@@ -69,6 +71,40 @@ def claim_key(rank: int) -> str:
 def reg_key(rank: int, claim: int = 1) -> str:
     """The first claimant's record; later claimants (duplicates) write under their claim number."""
     return f"{PREFIX}reg/{rank}" if claim == 1 else f"{PREFIX}reg/{rank}/dup{claim}"
+
+
+def node_key(slot: int) -> str:
+    """A node's registrations, stored at once by its first rank (encode_node)."""
+    return f"{PREFIX}node/{slot}"
+
+
+def encode_node(payloads: dict[int, bytes]) -> bytes:
+    """One node's registrations as its first rank stores them: a line of [rank, length] pairs, then the ranks'
+    own sealed values (`sealed_registration`) one after another, each exactly as the rank would have stored it."""
+    ranks = sorted(payloads)
+    head = json.dumps([[r, len(payloads[r])] for r in ranks], separators=(",", ":")).encode()
+    return b"".join([head, b"\n", *(payloads[r] for r in ranks)])
+
+
+def decode_node(raw: bytes) -> dict[int, bytes]:
+    """rank -> its sealed registration from a node's value; {} for one that is not in that form (a stranger's
+    value there: the node's ranks then register one by one, and are read so)."""
+    cut = raw.find(b"\n")
+    try:
+        pairs = json.loads(raw[:cut]) if cut > 0 else None
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(pairs, list):
+        return {}
+    found: dict[int, bytes] = {}
+    at = cut + 1
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int and v >= 0 for v in pair)):
+            return {}
+        rank, size = pair
+        found[rank] = raw[at : at + size]
+        at += size
+    return found if at == len(raw) else {}
 
 
 def error_key(rank: int) -> str:
