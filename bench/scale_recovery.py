@@ -43,24 +43,29 @@ the verdict's time past the hang timeout, whether its culprit is exact,
 the timeline's bytes a rank-hour.
 
 Stand-ins, not torch processes: 1,024 processes do not fit 2 cores.
-The next attempt's start (`reregister`): every rank registering at once,
-each a stand-in on the store's wire doing what clusterctl.launch's
-rendezvous does, against the real controller, as far as the controller
+The next attempt's start (`reregister`): every node's leader registering
+its node at once (runtime/rank/nodegather.py: the node's other ranks hand it
+their records through the node's tmpfs and never touch the store), each a
+stand-in on the store's wire doing what clusterctl.launch's rendezvous does,
+against the real controller, live at every size (12,500 connections at
+100,000 ranks); then the process group's connections, every other rank
+connecting at once and reading the NCCL id, live as far as the controller
 can hold a connection a rank under this machine's hard file limit (20,000
-here: 16,384 ranks); past that the registrations are preloaded, the
-controller's part is measured, and the store's serial work a rank (its one
-libuv thread's CPU at the largest live size) is added for every rank. The ETTR
-projection (`ettr`) adds a hang's timeout and verdict, the warm restart
-measured at 4 ranks, the re-registration and the restore agreement at the
-size (with --quick, 100,000's agreement is 16,384's scaled by the nodes:
-rank 0 reads each node's inventory), and a step of work, at the published
-failure rates. --quick: restore, watch and re-registration at 1,024 and
-16,384 ranks.
+here: 16,384 ranks), past that the store thread's CPU a connection at the
+largest live size times the connections. The controller runs on core 0 and
+the stand-ins on core 1: a real controller's host is not shared with
+12,500 nodes' ranks. The ETTR projection (`ettr`) adds a hang's timeout and
+verdict, the warm restart measured at 4 ranks, the re-registration, the
+process group's connections and the restore agreement at the size (with
+--quick, 100,000's agreement is 16,384's scaled by the nodes: rank 0 reads
+each node's inventory), and a step of work, at the published failure rates.
+--quick: restore, watch and re-registration at 1,024 and 16,384 ranks.
 
 Last line: {"restore_agree_s_1k", "restore_agree_s_16k", "restore_agree_s_100k", "restore_bytes_per_rank_1k",
 "restore_bytes_per_rank_16k", "restore_bytes_ratio_16k_1k", "restore_leader_bytes_16k",
 "allgather_bytes_per_rank_16k", "verdict_s_16k", "verdict_s_100k", "watch_cpu_16k", "watch_cpu_100k",
-"reregister_s_16k", "reregister_s_100k", "reregister_live_max", "timeline_mb_per_rank_hour", "ettr_projected_16k",
+"reregister_s_16k", "reregister_s_100k", "reregister_live_max", "pg_connect_s_16k", "pg_connect_s_100k",
+"pg_connect_live_max", "timeline_mb_per_rank_hour", "ettr_projected_16k",
 "ettr_projected_100k", "failure_cost_s_16k", "failure_cost_s_100k", "all_ok", "simulated"}.
 """
 
@@ -88,8 +93,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from controller_scale import TIMINGS, Controller, in_namespace, make_run, preload, raise_nofile  # noqa: E402
 from controller_scale import TOKEN as CONTROLLER_TOKEN  # noqa: E402
-from controller_scale import Controller, in_namespace, make_run, preload, raise_nofile, watch_verdict  # noqa: E402
 
 GPN = 8
 WORKERS = 4
@@ -106,16 +111,19 @@ HANG_TIMEOUT_S = 5.0  # watchdog: 5 x the median step time (at least 3 s)
 WARM_RESTART_S = 1.8  # bench/recovery.py, lab_warm_resume_s 1.77-1.89 s: the verdict to the first resumed step, 4 ranks
 
 
-def ettr(world: int, verdict_s: float | None, storm_s: float | None, agree_s: float | None) -> dict[str, Any] | None:
+def ettr(world: int, verdict_s: float | None, storm_s: float | None, connect_s: float | None,
+         agree_s: float | None) -> dict[str, Any] | None:
     """Effective training time ratio from the measured costs and the published failure rate: 1 - (the time a failure
     costs) x (failures an hour) / 3600, every failure taken as the slowest to find (a hang: its timeout, then the
     verdict) and the warm restart's small-world cost plus the parts that grow with the world (every rank
-    registering again, the restore agreement), and one step of work."""
-    if verdict_s is None or storm_s is None or agree_s is None:
+    registering again, the process group's connections, the restore agreement), and one step of work."""
+    if verdict_s is None or storm_s is None or connect_s is None or agree_s is None:
         return None
-    cost = HANG_TIMEOUT_S + verdict_s + WARM_RESTART_S + storm_s + agree_s + STEP_S
+    cost = HANG_TIMEOUT_S + verdict_s + WARM_RESTART_S + storm_s + connect_s + agree_s + STEP_S
     return {"failure_cost_s": round(cost, 2), "failures_per_hour": round(FAILURES_PER_HOUR[world], 3),
             "ettr": round(1 - cost * FAILURES_PER_HOUR[world] / 3600, 4)}
+
+
 WARM_S = 45.0  # seconds of traffic (1 s steps) before the controller's CPU is measured: the straggler rule judges from step 40
 STEADY_S = 20.0  # seconds of full traffic after that, before the hang (the controller's CPU is measured over them)
 PHASES_PER_STEP = ("forward", "backward", "optimizer")  # each a phase message, then the step's report
@@ -556,127 +564,148 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
 SOURCES = 4  # loopback source addresses the stand-ins connect from: 28k ephemeral ports each, 100,000 connections in all
 
 
-def register_worker(port: int, world: int, ranks: list[int], run_dir: str) -> None:
-    """Stand-in ranks on the store's own wire, one connection each in one selector loop, doing what
-    rendezvous.connect, register and await_verdict do: connect, validate and ping (torch's greeting, answered before
-    any request), compare-and-set the sealed registration,
-    add to the arrival count, wait for the verdict and read it. The records are made before the release; on the
-    line "go" every connection is opened at once (a warm restart's forked ranks all reach the store together).
-    Prints the last arrival and the first and last rank holding the verdict."""
+NCCL_ID = "bench/nccl-id"  # what a rank's process group init reads from the store (rank 0's NCCL unique id)
+# A stand-in's script: (what it sends, what answer it waits for) a step; "ping" 4 bytes, "int" 8, "byte" 1, "value" a
+# length-prefixed value. The greeting is torch's client's (validate and ping, answered before any request).
+ANSWER_SIZE = {"ping": 4, "int": 8, "byte": 1}
+
+
+def run_scripts(port: int, scripts: dict[int, list[tuple[bytes, str]]], marks: dict[int, int],
+                go: Any = None) -> dict[str, Any]:
+    """Every script at once, a connection each in one selector loop: connect, then each step's send and answer.
+    The sockets are made and bound first (binding thousands of ports from one address takes the kernel seconds,
+    none of the store's), then `go()` waits for the release. `marks[n]`: record when step n's answer came (the
+    arrival's count, say). Returns the times of the marked answers and of the last ones, the last answers' bodies
+    (counted) and the first failure."""
     import selectors
 
-    from controller_scale import rank_record
-
-    from clusterctl.runtime.wire import registration
-    from clusterctl.store import sealed
-
-    raise_nofile()
-    hosts = (Path(run_dir) / "attempt-1" / "hosts").read_text().split()
-    sends = {r: wire_compare_set(registration.reg_key(r), b"", registration.sealed_registration(
-        CONTROLLER_TOKEN, r, 1, rank_record(r, world, hosts, run_dir))) for r in ranks}
-    arrive = wire_add(registration.ARRIVED, 1)
-    verdict_wait, verdict_get = wire_wait(registration.VERDICT), wire_get(registration.VERDICT)
-    print(json.dumps({"ready": len(ranks)}), flush=True)
-    sys.stdin.readline()
     selector = selectors.DefaultSelector()
     conns: dict[socket.socket, dict[str, Any]] = {}
-    for r in ranks:
+    for who, steps in scripts.items():
         conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        conn.bind((f"127.0.0.{1 + r % SOURCES}", 0))
+        conn.bind((f"127.0.0.{1 + who % SOURCES}", 0))
         conn.setblocking(False)
+        conns[conn] = {"who": who, "steps": steps, "at": -1, "buf": b""}
+    if go is not None:
+        go()
+    for conn in conns:
         conn.connect_ex(("127.0.0.1", port))
-        conns[conn] = {"rank": r, "state": "connecting", "buf": b""}
         selector.register(conn, selectors.EVENT_WRITE)
-    arrived: list[float] = []
-    told: list[float] = []
+    marked: dict[int, list[float]] = {n: [] for n in marks}
+    done: list[float] = []
     bodies: dict[bytes, int] = {}
     failed: list[str] = []
     left = len(conns)
 
+    def send_next(conn: socket.socket, one: dict[str, Any]) -> None:
+        one["at"] += 1
+        send_whole(conn, one["steps"][one["at"]][0])
+
     deadline = time.time() + 600
     while left and time.time() < deadline:
-        for key, events in selector.select(5):
+        for key, _ in selector.select(5):
             conn, one = key.fileobj, conns[key.fileobj]
-            if one["state"] == "connecting":
+            if one["at"] < 0:
                 error = conn.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if error:
-                    failed.append(f"rank {one['rank']}: connect: {os.strerror(error)}")
+                    failed.append(f"{one['who']}: connect: {os.strerror(error)}")
                     selector.unregister(conn)
                     left -= 1
                     continue
-                send_whole(conn, GREETING)
-                one["state"] = "ping"
+                send_next(conn, one)
                 selector.modify(conn, selectors.EVENT_READ)
                 continue
             got = conn.recv(65536)
             if not got:
-                failed.append(f"rank {one['rank']}: the store closed the connection in {one['state']}")
+                failed.append(f"{one['who']}: the store closed the connection at step {one['at']}")
                 selector.unregister(conn)
                 left -= 1
                 continue
             one["buf"] += got
             while True:
-                if one["state"] == "ping":
-                    if len(one["buf"]) < 4:
-                        break
-                    one["buf"] = one["buf"][4:]
-                    send_whole(conn, sends[one["rank"]])
-                    one["state"] = "claim"
-                elif one["state"] == "claim":
-                    answer = take_vector(one)
-                    if answer is None:
-                        break
-                    if answer != sends[one["rank"]][-len(answer):]:
-                        failed.append(f"rank {one['rank']}: its rank was claimed by another")
-                    send_whole(conn, arrive)
-                    one["state"] = "arrive"
-                elif one["state"] == "arrive":
-                    if len(one["buf"]) < 8:
-                        break
-                    one["buf"] = one["buf"][8:]
-                    arrived.append(time.time())
-                    send_whole(conn, verdict_wait)
-                    one["state"] = "wait"
-                elif one["state"] == "wait":
-                    if not one["buf"]:
-                        break
-                    one["buf"] = one["buf"][1:]
-                    send_whole(conn, verdict_get)
-                    one["state"] = "get"
-                elif one["state"] == "get":
+                kind = one["steps"][one["at"]][1]
+                if kind == "value":
                     body = take_vector(one)
                     if body is None:
                         break
-                    told.append(time.time())
-                    bodies[body] = bodies.get(body, 0) + 1
-                    one["state"] = "done"
-                    selector.unregister(conn)
-                    left -= 1
-                    break
                 else:
-                    break
+                    if len(one["buf"]) < ANSWER_SIZE[kind]:
+                        break
+                    body, one["buf"] = one["buf"][:ANSWER_SIZE[kind]], one["buf"][ANSWER_SIZE[kind]:]
+                if one["at"] in marked:
+                    marked[one["at"]].append(time.time())
+                if one["at"] + 1 < len(one["steps"]):
+                    send_next(conn, one)
+                    continue
+                done.append(time.time())
+                bodies[body] = bodies.get(body, 0) + 1
+                selector.unregister(conn)
+                left -= 1
+                break
+    return {"marked": {n: (min(t, default=0), max(t, default=0)) for n, t in marked.items()},
+            "first_done": min(done, default=0), "last_done": max(done, default=0), "done": len(done),
+            "failed": len(scripts) - len(done), "first_failure": failed[:1], "bodies": bodies}
+
+
+def register_worker(port: int, world: int, slots: list[int], run_dir: str) -> None:
+    """Stand-in node leaders, then their nodes' other ranks, on the store's own wire, doing what
+    runtime/rank/launch.py's `_join` does. On the line "go", each leader connects and greets, stores its node's
+    sealed summaries in one compare-and-set (as `rendezvous.register_node`; the nodes' files of full records, which
+    a leader writes once registered, off the store, are written before the release), adds
+    its node's ranks to the arrival count, waits for the verdict and reads it (the records are made before). On
+    "connect", each other rank opens the connection its process group's init opens, greets, and waits for and
+    reads the NCCL unique id, as init_process_group's first use of the store does. A line of figures each."""
+    from controller_scale import rank_record
+
+    from clusterctl import rundir
+    from clusterctl.runtime.wire import registration
+    from clusterctl.store import sealed
+
+    raise_nofile()
+    hosts = (Path(run_dir) / "attempt-1" / "hosts").read_text().split()
+    leaders: dict[int, list[tuple[bytes, str]]] = {}
+    for slot in slots:
+        ranks = range(slot * GPN, min(world, (slot + 1) * GPN))
+        payloads = {r: registration.sealed_registration(CONTROLLER_TOKEN, r, 1, rank_record(r, world, hosts, run_dir))
+                    for r in ranks}
+        value = registration.encode_node({r: registration.summary_only(CONTROLLER_TOKEN, r, p) for r, p in payloads.items()})
+        full = rundir.node_registrations(Path(run_dir) / "attempt-1", slot)  # a leader writes it once registered
+        full.parent.mkdir(parents=True, exist_ok=True)
+        full.write_bytes(registration.encode_node(payloads))
+        leaders[slot * GPN] = [(GREETING, "ping"), (wire_compare_set(registration.node_key(slot), b"", value), "value"),
+                               (wire_add(registration.ARRIVED, len(ranks)), "int"),
+                               (wire_wait(registration.VERDICT), "byte"), (wire_get(registration.VERDICT), "value")]
+    followers = [(GREETING, "ping"), (wire_wait(NCCL_ID), "byte"), (wire_get(NCCL_ID), "value")]
+    found = run_scripts(port, leaders, {2: 0}, lambda: (print(json.dumps({"ready": len(leaders)}),
+                                                                        flush=True), sys.stdin.readline()))
     verdicts = [json.loads(opened).get("ok") if (opened := sealed.unseal(CONTROLLER_TOKEN, registration.VERDICT, body))
-                else None for body in bodies]
-    print(json.dumps({"last_arrival": max(arrived, default=0), "first_told": min(told, default=0),
-                      "last_told": max(told, default=0), "told": len(told),
-                      "failed": len(ranks) - len(told) + sum(n for v, n in zip(verdicts, bodies.values()) if v is not True),
-                      "first_failure": failed[:1]}), flush=True)
+                else None for body in found["bodies"]]
+    print(json.dumps({"last_arrival": found["marked"][2][1], "first_told": found["first_done"],
+                      "last_told": found["last_done"], "told": found["done"],
+                      "failed": found["failed"] + sum(n for v, n in zip(verdicts, found["bodies"].values()) if v is not True),
+                      "first_failure": found["first_failure"]}), flush=True)
+    ranks = [r for slot in slots for r in range(slot * GPN + 1, min(world, (slot + 1) * GPN))]
+    asked: list[str] = []
+    found = run_scripts(port, {r: followers for r in ranks} if live_fits(world) else {}, {},
+                        lambda: asked.append(sys.stdin.readline().strip()))
+    if asked != ["connect"]:
+        return
+    print(json.dumps({"last_connected": found["last_done"], "connected": found["done"], "failed": found["failed"],
+                      "first_failure": found["first_failure"]}), flush=True)
 
 
-
-
-def storm(starts: dict[int, dict[str, Any]], world: int) -> float | None:
-    """The re-registration at `world`: measured where it ran live, else the store's serial work a rank at the largest
-    live size (its one thread serves every rank's requests) times the ranks, plus the controller's part measured at
-    `world` with the registrations preloaded."""
+def storm(starts: dict[int, dict[str, Any]], world: int, part: str = "storm_s") -> float | None:
+    """The next attempt's start at `world`, where it ran live; else (`connect_s`, the process group's connections)
+    the store's serial work a connection at the largest live size (its one thread serves every request) times the
+    connections."""
     row = starts.get(world, {})
-    if row.get("storm_s") is not None:
-        return row["storm_s"]
-    live = [r for r in starts.values() if r.get("store_cpu_s")]
-    if not live or row.get("controller_part_s") is None:
+    if row.get(part) is not None:
+        return row[part]
+    live = [r for r in starts.values() if r.get("connect_cpu_s")]
+    if part != "connect_s" or not live:
         return None
     biggest = max(live, key=lambda r: r["ranks"])
-    return round(biggest["store_cpu_s"] / biggest["ranks"] * world + row["controller_part_s"], 3)
+    return round(biggest["connect_cpu_s"] / (biggest["ranks"] - biggest["ranks"] // GPN) * (world - world // GPN), 3)
 
 
 def live_fits(world: int) -> bool:
@@ -688,55 +717,68 @@ def live_fits(world: int) -> bool:
 
 def reregister(root: Path, world: int) -> dict[str, Any]:
     """From the release of every rank at once (forked warm, they wait for the store) to the last one holding the
-    rendezvous' verdict (`storm_s`): connect, register, the arrival count, the verdict, every rank a stand-in on the
-    store's wire (register_worker) against the real controller; `controller_part_s` is the controller's own, from
-    the last arrival to the first rank told, and `store_cpu_s` what the store's one libuv thread spent serving them
-    all (every request of every rank goes through it). Where this machine's hard file limit cannot hold a
-    connection a rank, the registrations are preloaded and only the controller's part is measured. Also a cold
-    controller's spawn to its store answering (a warm restart forks it: 0.3 s on the lab, bench/README.md)."""
+    rendezvous' verdict (`storm_s`): each node's leader a stand-in on the store's wire (register_worker) against
+    the real controller, plus the most a node's other ranks wait to see the verdict their leader hands on
+    (nodegather.POLL_S's longest pause: they never touch the store). `controller_part_s` is the controller's own,
+    from the last arrival to the first leader told; `store_cpu_s` what the store's one libuv thread spent serving
+    them all. Then the process group's connections (`connect_s`): every other rank connecting at once, greeting
+    and reading the NCCL id, where this machine's hard file limit holds a connection a rank (`connect_cpu_s` the
+    store thread's CPU for them); past that it is projected (`storm`). Also a cold controller's spawn to its store
+    answering (a warm restart forks it: 0.3 s on the lab, bench/README.md)."""
+    from clusterctl.runtime.rank import nodegather
+
     attempt, hosts = make_run(root, world)
     spawned = time.time()
-    live = live_fits(world)
-    ctl = Controller(attempt, preloaded=not live)
+    ctl = Controller(attempt, preloaded=True)  # told the leaders' connections will do where the file limit cannot hold more
     store = ctl.wait_store()
     store_up = time.time()
     row: dict[str, Any] = {"ranks": world, "cold_controller_start_s": round(store_up - spawned, 3)}
-    failed = 0
-    if live:
-        check_wire(ctl.port)
-        per = -(-world // RAW_WORKERS)
-        procs = [subprocess.Popen([sys.executable, __file__, "--register-worker", str(ctl.port), str(world),
-                                   f"{i * per}-{min(world, (i + 1) * per)}", str(attempt.parent)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-                 for i in range(RAW_WORKERS)]
+    check_wire(ctl.port)
+    nodes = -(-world // GPN)
+    per = -(-nodes // RAW_WORKERS)
+    procs = [subprocess.Popen([sys.executable, __file__, "--register-worker", str(ctl.port), str(world),
+                               f"{i * per}-{min(nodes, (i + 1) * per)}", str(attempt.parent)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+             for i in range(RAW_WORKERS)]
+    for p in procs:
+        json.loads(p.stdout.readline())  # every record made, nothing connected
+    pin(ctl.proc.pid, {0}, procs)
+
+    def release(line: str) -> tuple[float, list[dict[str, Any]], dict[str, float]]:
+        threads0, at = thread_cpu(ctl.proc.pid), time.time()
         for p in procs:
-            json.loads(p.stdout.readline())  # every record made, nothing connected
-        threads0, overflows0 = thread_cpu(ctl.proc.pid), listen_overflows()
-        released = time.time()
-        for p in procs:
-            p.stdin.write("go\n")
+            p.stdin.write(line + "\n")
             p.stdin.flush()
-        reports = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        reports = [json.loads(p.stdout.readline()) for p in procs]
         threads = thread_cpu(ctl.proc.pid)
-        failed = sum(r["failed"] for r in reports)
-        if failed:
-            print(f"  {world}: {failed} ranks failed, e.g. {[r['first_failure'] for r in reports if r['failed']][0]}",
-                  file=sys.stderr)
-        row.update(mode="live: stand-ins on the store's wire",
-                   storm_s=round(max(r["last_told"] for r in reports) - released, 3),
-                   last_arrival_s=round(max(r["last_arrival"] for r in reports) - released, 3),
-                   controller_part_s=round(min(r["first_told"] for r in reports) - max(r["last_arrival"] for r in reports), 3),
-                   store_cpu_s=round(max(threads[t] - threads0.get(t, 0.0) for t in threads), 3),
-                   accept_queue_overflows=listen_overflows() - overflows0)
-    else:
-        seen: dict[str, float] = {}
-        waiter = watch_verdict(ctl.wait_store(), seen)  # a client of its own: the preload uses `store`
-        last = preload(store, world, hosts, str(attempt.parent))
-        waiter.join(600)
-        row.update(mode="preloaded: the controller's part", storm_s=None, controller_part_s=round(seen["verdict"] - last, 3))
+        return at, reports, {t: threads[t] - threads0[t] for t in threads}
+
+    overflows0 = listen_overflows()
+    released, reports, spent = release("go")
+    failed = sum(r["failed"] for r in reports)
+    row.update(mode="live: node leaders on the store's wire",
+               storm_s=round(max(r["last_told"] for r in reports) - released + nodegather.POLL_S[1], 3),
+               last_arrival_s=round(max(r["last_arrival"] for r in reports) - released, 3),
+               controller_part_s=round(min(r["first_told"] for r in reports) - max(r["last_arrival"] for r in reports), 3),
+               store_cpu_s=round(spent["store"], 3), controller_python_cpu_s=round(spent["python"], 3),
+               accept_queue_overflows=listen_overflows() - overflows0)
+    if live_fits(world):
+        store.set(NCCL_ID, b"x" * 128)
+        released, connected, spent = release("connect")
+        failed += sum(r["failed"] for r in connected)
+        row.update(connect_s=round(max(r["last_connected"] for r in connected) - released, 3),
+                   connect_cpu_s=round(spent["store"], 3))
+    for p in procs:
+        p.stdin.close()
+        p.wait(60)
+    if failed:
+        print(f"  {world}: {failed} stand-ins failed, e.g. {[r['first_failure'] for r in reports if r['failed']][:1]}",
+              file=sys.stderr)
     usage = ctl.stop()
     row["ok"] = bool(json.loads((attempt / "verdict.json").read_text()).get("ok")) and not failed
     row.update(controller_cpu_s=round(usage["cpu_s"], 2), controller_peak_rss_mb=round(usage["peak_rss_mb"]))
+    timings = TIMINGS.search(ctl.out.read_text())
+    row["controller_timings"] = timings and json.loads(timings.group(1))
     shutil.rmtree(attempt.parent, ignore_errors=True)
     return row
 
@@ -747,12 +789,31 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    """Each thread's CPU seconds so far (the store's libuv thread serves every request alone)."""
-    found = {}
+def pin(controller: int, cores: set[int], others: list[subprocess.Popen]) -> None:
+    """The controller (every thread of it) on `cores`, the stand-ins on the rest: on this machine's 2 cores the
+    stand-ins for 12,500 nodes would otherwise take the cores the controller's host has to itself."""
+    rest = set(range(os.cpu_count() or 1)) - cores
+    if not rest:
+        return
+    for task in Path(f"/proc/{controller}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            os.sched_setaffinity(int(task.name), cores)
+    for p in others:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(p.pid, rest)
+
+
+STORE_THREAD = "pt_tcpstore_uv"  # the name torch gives the libuv store's one thread
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the store's libuv thread (`store`, serving every request alone) and of all the
+    process's other threads (`python`)."""
+    found = {"store": 0.0, "python": 0.0}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError, ValueError):
-            found[int(task.name)] = cpu_seconds(pid, int(task.name))
+            name = (task / "comm").read_text().strip()
+            found["store" if name == STORE_THREAD else "python"] += cpu_seconds(pid, int(task.name))
     return found
 
 
@@ -849,7 +910,7 @@ def main() -> None:
     if "--register-worker" in sys.argv:
         a = sys.argv[sys.argv.index("--register-worker") + 1:]
         first, last = (int(x) for x in a[2].split("-"))
-        register_worker(int(a[0]), int(a[1]), list(range(first, last)), a[3])
+        register_worker(int(a[0]), int(a[1]), list(range(first, last)), a[3])  # node slots
         return
     if "--watch-worker" in sys.argv:
         a = sys.argv[sys.argv.index("--watch-worker") + 1:]
@@ -897,21 +958,24 @@ def main() -> None:
         "reregister_s_16k": storm(starts, 16384),
         "reregister_s_100k": storm(starts, 100000),
         "reregister_live_max": max((w for w, r in starts.items() if r.get("storm_s") is not None), default=None),
+        "pg_connect_s_16k": storm(starts, 16384, "connect_s"),
+        "pg_connect_s_100k": storm(starts, 100000, "connect_s") if 100000 in starts else None,
+        "pg_connect_live_max": max((w for w, r in starts.items() if r.get("connect_s") is not None), default=None),
         "all_ok": all(row["ok"] for row in [*rows.values(), *watched.values(), *starts.values()]),
     }
     # The agreement at 100,000 is measured without --quick; with it, 16,384's scaled by the nodes (rank 0 reads each
     # node's inventory).
     for world, key, agreed in ((16384, "16k", large), (100000, "100k", huge or large)):
         scale = 1.0 if agreed is huge or world == 16384 else (world // GPN) / (16384 // GPN)
-        found = ettr(world, last[f"verdict_s_{key}"], last[f"reregister_s_{key}"],
+        found = ettr(world, last[f"verdict_s_{key}"], last[f"reregister_s_{key}"], last[f"pg_connect_s_{key}"],
                      agreed and agreed["restore_agree_s"] * scale)
         last[f"ettr_projected_{key}"] = found and found["ettr"]
         last[f"failure_cost_s_{key}"] = found and found["failure_cost_s"]
     last["simulated"] = ("the agreement: 16 nodes' ranks as threads running the real code, the other nodes' leaders"
                          " as stand-ins on the store's wire; the watch path: stand-in aggregators on the real wire;"
-                         " re-registration: stand-ins on the store's wire while the file limit holds a connection"
-                         " a rank, past that the controller's part preloaded plus the store's work a rank; not torch"
-                         " processes")
+                         " re-registration: stand-in node leaders on the store's wire (live at every size); the process"
+                         " group's connections: stand-ins on the wire while the file limit holds a connection a rank,"
+                         " past that the store's work a connection times the connections; not torch processes")
     print(json.dumps(last))
 
 

@@ -38,7 +38,7 @@ def info(ctl: Controller, rank: int):  # noqa: ANN201
 
 def join(ctl: Controller, rank: int, results: dict, **changes: object) -> threading.Thread:
     """A rank as clusterctl.launch registers it, in a thread: results[(rank, pid)] = (its store, the verdict)."""
-    record = rank_record(rank, **changes)
+    record = rank_record(rank, **{"cwd": f"/work/{rank}", **changes})  # cwd: in the full record, not its summary
 
     def run() -> None:
         results[(rank, record["pid"])] = launch._join(info(ctl, rank), record, 20)
@@ -72,9 +72,11 @@ def test_a_nodes_other_ranks_register_through_its_first_rank_without_a_store_con
     probe = rendezvous.connect(ctl.info(0), 20)
     assert probe.check([registration.node_key(0), registration.node_key(1)])
     assert not any(probe.check([registration.reg_key(r)]) for r in range(4))  # one value a node, none a rank
-    manifest = wait_for_manifest(ctl.attempt)
-    assert [(row["rank"], row["pid"], row["host"]) for row in manifest["ranks"]] == [
-        (r, 100 + r, HOSTS[r // 2]) for r in range(4)]
+    manifest = wait_for_manifest(ctl.attempt)  # the full records, from the nodes' files (the store has summaries)
+    assert [(row["rank"], row["pid"], row["host"], row["cwd"]) for row in manifest["ranks"]] == [
+        (r, 100 + r, HOSTS[r // 2], f"/work/{r}") for r in range(4)]
+    assert len(probe.get(registration.node_key(0))) < sum(
+        len(registration.sealed_registration(TOKEN, r, 1, rank_record(r, cwd=f"/work/{r}"))) for r in (0, 1))
     code, _ = ctl.stop()
     assert code == 0
 
@@ -115,7 +117,7 @@ def test_a_rank_later_than_its_leader_registers_on_its_own_and_the_rendezvous_co
     assert all(verdict.ok for _, verdict in results.values()), results
     probe = rendezvous.connect(ctl.info(0), 20)
     assert probe.check([registration.reg_key(1)]) and not probe.check([registration.reg_key(3)])
-    assert [row["pid"] for row in wait_for_manifest(ctl.attempt)["ranks"]] == [100, 101, 102, 103]
+    assert [row["cwd"] for row in wait_for_manifest(ctl.attempt)["ranks"]] == [f"/work/{r}" for r in range(4)]
     assert ctl.stop()[0] == 0
 
 

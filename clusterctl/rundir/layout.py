@@ -79,6 +79,7 @@ METRICS = "metrics.jsonl"  # per-step records of rank 0: step, loss, step time, 
 RECORD = "record.json"  # the run record's node-side part, per attempt (runrecord.py assembles the rest)
 SUBMITIT = "submitit"  # the submitit executor's pickles (integrations/submitit/paths.py names them)
 HOSTS = "hosts"  # attempt-N/hosts: the ranks' nodes, one per line in slot order (srun --nodelist reads it)
+NODE_REGISTRATIONS = "registrations/node-{slot}"  # attempt-N/: a node leader's node's full registrations (manifest.json's)
 CONTROLLER_JSON = "controller.json"  # attempt-N/: the controller's ports, pid, host and shared-fs marker
 WARM_LOG = "warm-{job}.log"  # the warm process servers' own lines, one file per job (their children write to the attempt's logs)
 RANK_ENV = ".rank.env"  # in a container: the attempt's rank environment, rewritten before each srun, the owner's only
@@ -157,6 +158,12 @@ class RunDir:
 def node_log(attempt_dir: Path, slot: int) -> Path:
     """One node's log of an attempt: `node-%n.log`, %n the node's index in the step (its slot)."""
     return attempt_dir / LOGS / NODE_LOG.format(slot=slot)
+
+
+def node_registrations(attempt_dir: Path, slot: int) -> Path:
+    """The full registrations of a node of several ranks, as its first rank wrote them (registration.encode_node):
+    the store carries only their summaries, what the controller judges."""
+    return attempt_dir / NODE_REGISTRATIONS.format(slot=slot)
 
 
 def node_log_slots(attempt_dir: Path) -> list[int]:

@@ -9,7 +9,9 @@ of a node of several that did so also in DIRECT, so that its key is read
 beside its node's. Each value is read once, its summaries decoded at once
 (the judging's input, and most of the controller's work at 100,000 ranks,
 so done while the last nodes still arrive). The full records stay in the
-store until the manifest is written; `source` says where each one is.
+store, or in the node's file (layout.node_registrations: a node's store
+value holds its ranks' summaries only), until the manifest is written;
+`source` says where each one is.
 
 A rank found twice with the same summary is one claim (its leader died
 after registering it, and it registered the same bytes itself); with two
@@ -20,32 +22,38 @@ key is (registration.DUPLICATES, read by the caller).
 from __future__ import annotations
 
 import gc
+import time
 from array import array
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from clusterctl import rundir
 from clusterctl.runtime.wire import registration
 from clusterctl.store import collect
 
-NODE_CHUNK = 32  # node values a request: ~14 KB each at 8 ranks a node, ~0.5 MB answered, as collect.CHUNK's ranks
+FILE_WAIT_S = 10.0  # a node registered in the store writes its full records' file a moment later
+NODE_CHUNK = 128  # node values a request: ~2 KB of summaries each at 8 ranks a node, ~0.25 MB answered
 OWN = -1  # source[rank]: the rank's own key
 
 
 class Intake:
-    def __init__(self, store: Any, world: int, gpus_per_node: int, token: str) -> None:
-        self.store, self.world, self.token = store, world, token
+    def __init__(self, store: Any, world: int, gpus_per_node: int, token: str, attempt_dir: Path) -> None:
+        self.store, self.world, self.token, self.attempt_dir = store, world, token, attempt_dir
+        self._files_by: float | None = None
         self.gpn = max(1, gpus_per_node)
         self.records: dict[int, dict[str, Any]] = {}
         self.duplicates: dict[int, list[dict[str, Any]]] = {}
         self.source = array("i", [OWN]) * world  # where each rank's record is: its node's slot, or OWN
-        self._slots_unread = list(range(-(-world // self.gpn)))
+        self._slots_unread = list(range(-(-world // self.gpn))) if self.gpn > 1 else []  # a one-rank node: its own key
         self._own_read: set[int] = set()
         self._seen: dict[Any, Any] = {}  # values many records repeat, one object each (registration.share_values)
 
     def complete(self, thorough: bool) -> bool:
-        """Read what arrived since the last look; whether every rank's registration is in. Without `thorough`, a
-        look that meets a missing value ends there (cheap while most are missing); with it, every key is looked at
-        one by one where its request's are not all there."""
+        """Read what arrived since the last look; whether every rank's registration is in. Without `thorough`, only
+        the requests whose values are all there are read (a node's request costs one look while some are missing,
+        a rank's own ends the look); with it, every key is looked at one by one where its request's are not all
+        there."""
         gc.disable()  # ~100,000 small dicts: the collector's passes were half the decoding time
         try:
             self._read_nodes(thorough)
@@ -61,17 +69,20 @@ class Intake:
             part, slots = keys[start : start + NODE_CHUNK], self._slots_unread[start : start + NODE_CHUNK]
             if self.store.check(part):
                 present = list(range(len(part)))
-            elif thorough:
+            elif thorough and not self._own_keys_all_there(slots):
                 present = [i for i, key in enumerate(part) if self.store.check([key])]
-            else:
-                left += self._slots_unread[start:]
-                break
+            else:  # looked at again later; with `thorough`, every rank of these nodes registered on its own
+                present = []
             taken = set(present)
             left += [s for i, s in enumerate(slots) if i not in taken]
             if present:
                 for i, raw in zip(present, self.store.multi_get([part[i] for i in present])):
                     self._take_node(slots[i], raw)
         self._slots_unread = left
+
+    def _own_keys_all_there(self, slots: list[int]) -> bool:
+        ranks = range(slots[0] * self.gpn, min(self.world, (slots[-1] + 1) * self.gpn))
+        return all(self.store.check(list(part)) for part in collect.chunks([registration.reg_key(r) for r in ranks]))
 
     def _take_node(self, slot: int, raw: bytes) -> None:
         first, last = slot * self.gpn, min(self.world, (slot + 1) * self.gpn)
@@ -115,15 +126,29 @@ class Intake:
         return self.store.get(key) if self.store.check([key]) else None
 
     def full_records(self, ranks: list[int]) -> dict[int, bytes | memoryview]:
-        """The full records of `ranks` (all judged), read again from the store: the manifest's rows."""
+        """The full records of `ranks` (all judged): a rank's own from the store, a node's from the node's file
+        (layout.node_registrations); a node whose file is not there within FILE_WAIT_S of the first look keeps
+        the summaries its store value holds. The manifest's rows."""
         own = [r for r in ranks if self.source[r] == OWN]
         found = dict(zip(own, map(registration.full_record, self.store.multi_get([registration.reg_key(r) for r in own])
                                   if own else [])))
-        slots = sorted({self.source[r] for r in ranks} - {OWN})
-        for start in range(0, len(slots), NODE_CHUNK):
-            part = slots[start : start + NODE_CHUNK]
-            for slot, raw in zip(part, self.store.multi_get([registration.node_key(s) for s in part])):
-                for rank, payload in registration.decode_node(bytes(raw)).items():
-                    if 0 <= rank < self.world and self.source[rank] == slot:
-                        found[rank] = registration.full_record(payload)
+        for slot in sorted({self.source[r] for r in ranks} - {OWN}):
+            payloads = self._node_file(slot) or registration.decode_node(bytes(self.store.get(registration.node_key(slot))))
+            for rank, payload in payloads.items():
+                if 0 <= rank < self.world and self.source[rank] == slot:
+                    found[rank] = registration.full_record(payload)
         return found
+
+    def _node_file(self, slot: int) -> dict[int, bytes]:
+        path = rundir.node_registrations(self.attempt_dir, slot)
+        if self._files_by is None:
+            self._files_by = time.monotonic() + FILE_WAIT_S
+        while True:
+            try:
+                return registration.decode_node(path.read_bytes())
+            except FileNotFoundError:
+                if time.monotonic() >= self._files_by:
+                    return {}
+                time.sleep(0.05)
+            except OSError:
+                return {}

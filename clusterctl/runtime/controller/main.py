@@ -74,6 +74,7 @@ from clusterctl.store import collect, sealed
 READY = rundir.CONTROLLER_JSON
 POLL_S = 0.02
 PRESENCE_EVERY_S = 2.0  # besides each time the counter reaches the world: look whether every registration is there
+READ_EVERY_S = 0.25  # while ranks arrive, read what came this often: at the last arrival, little is left to decode
 SRUN_LOG_SETTLE_S = 2.0  # srun's last lines reach srun.log through tee, a moment after srun itself ended
 MANIFEST_GROUP_LISTS_UP_TO = 4096  # beyond this many ranks the manifest keeps group indices only
 # Lines a rank's log gets when Slurm stops it because another rank failed: not its own error.
@@ -216,12 +217,13 @@ class Controller:
         any more than an increment may start it with ranks missing. What arrived is read (and its summaries
         decoded) as it is looked at (intake.py), so little is left to read once the last rank is in."""
         deadline = time.monotonic() + self.timeout_s
-        self.intake = Intake(self.store, self.world, self.gpn, self.token)
+        self.intake = Intake(self.store, self.world, self.gpn, self.token, self.attempt_dir)
         seen, looked = -1, 0.0
         while not self.done.is_set() and time.monotonic() < deadline:
             count = self.store.add(registration.ARRIVED, 0)
             full = count != seen and count >= self.world
-            if full or time.monotonic() - looked >= PRESENCE_EVERY_S:
+            since = time.monotonic() - looked
+            if full or since >= PRESENCE_EVERY_S or (count != seen and since >= READ_EVERY_S):
                 seen, looked = count, time.monotonic()
                 if self.intake.complete(thorough=full):
                     return self.world

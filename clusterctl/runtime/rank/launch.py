@@ -173,7 +173,7 @@ def _join(info: Any, record: dict[str, Any], timeout_s: float) -> tuple[Any, Any
     registered: list[int] = []
     if path is not None and not info.local_rank:
         payloads = nodegather.gather(path, info.rank, info.gpus_per_node, info.world_size, payload)
-        registered = rendezvous.register_node(store, info.node_slot, payloads)
+        registered = rendezvous.register_node(store, info.node_slot, payloads, info.token, info.attempt_dir)
         nodegather.announce(path, registered)
     if info.rank not in registered:
         rendezvous.register(store, info.rank, record, info.token, listed=path is not None)

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.rank.rankinfo import RankInfo
@@ -76,14 +79,28 @@ def register(store: Any, rank: int, record: dict[str, Any], token: str, listed: 
     return claim
 
 
-def register_node(store: Any, slot: int, payloads: dict[int, bytes]) -> list[int]:
+def register_node(store: Any, slot: int, payloads: dict[int, bytes], token: str, attempt_dir: Path) -> list[int]:
     """A node leader's registration of its node's ranks (runtime/rank/nodegather.py), each one's sealed record as it
     would have stored it; the ranks registered: none when the node's key holds another value (a stranger's, or a
-    stale leader's), and every rank then registers on its own."""
-    value = registration.encode_node(payloads)
+    stale leader's), and every rank then registers on its own.
+
+    The store gets the summaries (what the controller judges); the full
+    records go to the node's file in the attempt directory, for
+    manifest.json, once the node is registered: off the store's one thread,
+    and off the way to the verdict.
+    """
+    value = registration.encode_node({r: registration.summary_only(token, r, p) for r, p in payloads.items()})
     if bytes(store.compare_set(registration.node_key(slot), "", value)) != value:
         return []
     store.add(registration.ARRIVED, len(payloads))
+    path = rundir.node_registrations(attempt_dir, slot)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_bytes(registration.encode_node(payloads))
+        os.replace(tmp, path)
+    except OSError as exc:  # manifest.json then holds this node's summaries only
+        print(f"clusterctl: warning: cannot write {path}: {exc}", file=sys.stderr, flush=True)
     return sorted(payloads)
 
 
