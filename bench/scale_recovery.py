@@ -59,7 +59,9 @@ verdict, the warm restart measured at 4 ranks, the re-registration, the
 process group's connections and the restore agreement at the size (with
 --quick, 100,000's agreement is 16,384's scaled by the nodes: rank 0 reads
 each node's inventory), and a step of work, at the published failure rates.
---quick: restore, watch and re-registration at 1,024 and 16,384 ranks.
+--quick (under a minute): restore and re-registration at 1,024 and 16,384
+ranks, the watch path at 16,384 with 10 s of traffic (its CPU measured
+before the straggler rule judges, which it does from step 40: a floor).
 
 Last line: {"restore_agree_s_1k", "restore_agree_s_16k", "restore_agree_s_100k", "restore_bytes_per_rank_1k",
 "restore_bytes_per_rank_16k", "restore_bytes_ratio_16k_1k", "restore_leader_bytes_16k",
@@ -127,6 +129,7 @@ def ettr(world: int, verdict_s: float | None, storm_s: float | None, connect_s: 
 WARM_S = 45.0  # seconds of traffic (1 s steps) before the controller's CPU is measured: the straggler rule judges from step 40
 STEADY_S = 20.0  # seconds of full traffic after that, before the hang (the controller's CPU is measured over them)
 PHASES_PER_STEP = ("forward", "backward", "optimizer")  # each a phase message, then the step's report
+QUICK_TRAFFIC_S = (6.0, 4.0)  # --quick: the CPU over 4 s after 6, before the straggler rule judges (it costs more then)
 
 
 class CountingStore:
@@ -561,6 +564,7 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
 
 
 # --- the next attempt's start: its controller up, then every rank registering at once ---------------------------
+IP_BIND_ADDRESS_NO_PORT = 24  # Linux's <netinet/in.h>: a bind() that leaves the port to connect()
 SOURCES = 4  # loopback source addresses the stand-ins connect from: 28k ephemeral ports each, 100,000 connections in all
 
 
@@ -573,8 +577,9 @@ ANSWER_SIZE = {"ping": 4, "int": 8, "byte": 1}
 def run_scripts(port: int, scripts: dict[int, list[tuple[bytes, str]]], marks: dict[int, int],
                 go: Any = None) -> dict[str, Any]:
     """Every script at once, a connection each in one selector loop: connect, then each step's send and answer.
-    The sockets are made and bound first (binding thousands of ports from one address takes the kernel seconds,
-    none of the store's), then `go()` waits for the release. `marks[n]`: record when step n's answer came (the
+    The sockets are made and bound to their source address first, then `go()` waits for the release. (Bound to
+    a port at once, as bind() does, thousands of sockets from one address took the kernel 30 s at 12,500: none of
+    the store's time, and no rank's, whose connect picks its port.) `marks[n]`: record when step n's answer came (the
     arrival's count, say). Returns the times of the marked answers and of the last ones, the last answers' bodies
     (counted) and the first failure."""
     import selectors
@@ -583,6 +588,7 @@ def run_scripts(port: int, scripts: dict[int, list[tuple[bytes, str]]], marks: d
     conns: dict[socket.socket, dict[str, Any]] = {}
     for who, steps in scripts.items():
         conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        conn.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)  # the port is picked at connect, as a rank's
         conn.bind((f"127.0.0.{1 + who % SOURCES}", 0))
         conn.setblocking(False)
         conns[conn] = {"who": who, "steps": steps, "at": -1, "buf": b""}
@@ -826,8 +832,9 @@ def listen_overflows() -> int:
     return 0
 
 
-def watch_size(root: Path, world: int) -> dict[str, Any]:
-    """A hang in full traffic: the verdict's time past the hang timeout, and the controller's cores meanwhile."""
+def watch_size(root: Path, world: int, warm_s: float = WARM_S, steady_s: float = STEADY_S) -> dict[str, Any]:
+    """A hang in full traffic: the verdict's time past the hang timeout, and the controller's cores meanwhile (over
+    `steady_s`, after `warm_s` of traffic)."""
     attempt, hosts = make_run(root, world)
     ctl = Controller(attempt, preloaded=True)
     store = ctl.wait_store()
@@ -843,17 +850,17 @@ def watch_size(root: Path, world: int) -> dict[str, Any]:
     nodes = world // GPN
     culprit = (nodes // 2) * GPN + 3
     per = -(-nodes // WORKERS)
-    start_at = time.time() + 5 + nodes / 2000  # the connections first
-    hang_at = start_at + WARM_S + STEADY_S
+    start_at = time.time() + 2 + nodes / 2000  # the connections first
+    hang_at = start_at + warm_s + steady_s
     procs = [subprocess.Popen([sys.executable, __file__, "--watch-worker", str(watch_port), str(world), str(i * per),
                                str(min(nodes, (i + 1) * per)), repr(start_at), repr(hang_at), str(culprit)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT) for i in range(WORKERS)]
     for p in procs:
         json.loads(p.stdout.readline())
-    print(f"  {world}: connected; {WARM_S + STEADY_S:g} s of traffic, then a hang", file=sys.stderr, flush=True)
+    print(f"  {world}: connected; {warm_s + steady_s:g} s of traffic, then a hang", file=sys.stderr, flush=True)
     if time.time() > start_at:
         print(f"  {world}: the aggregators connected {time.time() - start_at:.1f} s late", file=sys.stderr)
-    time.sleep(max(0.0, start_at + WARM_S - time.time()))  # the watchdog past its warm-up, the straggler rule judging
+    time.sleep(max(0.0, start_at + warm_s - time.time()))  # the watchdog past its warm-up, the straggler rule judging
     cpu0, wall0 = cpu_seconds(ctl.proc.pid), time.time()
     time.sleep(max(0.0, hang_at - time.time()))
     cores = (cpu_seconds(ctl.proc.pid) - cpu0) / (time.time() - wall0)
@@ -918,7 +925,7 @@ def main() -> None:
         return
     in_namespace(SOURCES)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the watch path at 1,024 and 16,384 ranks only")
+    parser.add_argument("--quick", action="store_true", help="1,024 and 16,384 ranks, the watch path at 16,384 with 10 s of traffic (under a minute)")
     parser.add_argument("--sizes", help="the restore agreement's sizes (1024,16384, and 100000 without --quick)")
     parser.add_argument("--watch", default="1024,16384,100000", help="the watch path's sizes")
     parser.add_argument("--reregister", default="16384,100000", help="the next attempt's start's sizes")
@@ -936,8 +943,8 @@ def main() -> None:
     for world in (int(x) for x in ("1024,16384" if args.quick else args.reregister).split(",") if x):
         starts[world] = reregister(root, world)
         print(json.dumps(starts[world]), flush=True)
-    for world in [1024, 16384] if args.quick else [int(x) for x in args.watch.split(",") if x]:
-        watched[world] = watch_size(root, world)
+    for world in [16384] if args.quick else [int(x) for x in args.watch.split(",") if x]:
+        watched[world] = watch_size(root, world, *(QUICK_TRAFFIC_S if args.quick else (WARM_S, STEADY_S)))
         print(json.dumps(watched[world]), flush=True)
     shutil.rmtree(root, ignore_errors=True)
     small, large, huge = rows.get(1024), rows.get(16384), rows.get(100000)

@@ -21,7 +21,6 @@ key is (registration.DUPLICATES, read by the caller).
 
 from __future__ import annotations
 
-import gc
 import time
 from array import array
 from collections.abc import Iterator
@@ -54,12 +53,8 @@ class Intake:
         the requests whose values are all there are read (a node's request costs one look while some are missing,
         a rank's own ends the look); with it, every key is looked at one by one where its request's are not all
         there."""
-        gc.disable()  # ~100,000 small dicts: the collector's passes were half the decoding time
-        try:
-            self._read_nodes(thorough)
-            self._read_own(thorough)
-        finally:
-            gc.enable()
+        self._read_nodes(thorough)
+        self._read_own(thorough)
         return len(self.records) >= self.world
 
     def _read_nodes(self, thorough: bool) -> None:
