@@ -493,7 +493,6 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
                  culprit: int) -> None:
     """Aggregators of nodes first..last-1: greet, then a batch a second each; a hang from hang_at; prints send lag."""
     import selectors
-    import socket
 
     from clusterctl.runtime.wire import greeting
     from clusterctl.runtime.wire import heartbeat as wire
@@ -503,7 +502,9 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
     detailed: dict[int, bool] = {}  # node -> the controller asked for every phase change (the welcome)
     for i in range(first_node, last_node):
         node = f"node{i:05d}"
-        conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+        conn = stand_in_socket(i)
+        conn.settimeout(60)
+        conn.connect(("127.0.0.1", port))
         data = b""
         while b"\n" not in data:
             data += conn.recv(4096)
@@ -574,6 +575,16 @@ NCCL_ID = "bench/nccl-id"  # what a rank's process group init reads from the sto
 ANSWER_SIZE = {"ping": 4, "int": 8, "byte": 1}
 
 
+def stand_in_socket(who: int) -> socket.socket:
+    """A stand-in's socket, bound to one of SOURCES loopback addresses (one address's 28k ephemeral ports, with the
+    last run's connections in TIME_WAIT, made 12,500 connects take up to 70 s); its port is picked at connect, as a
+    rank's is."""
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conn.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+    conn.bind((f"127.0.0.{1 + who % SOURCES}", 0))
+    return conn
+
+
 def run_scripts(port: int, scripts: dict[int, list[tuple[bytes, str]]], marks: dict[int, int],
                 go: Any = None) -> dict[str, Any]:
     """Every script at once, a connection each in one selector loop: connect, then each step's send and answer.
@@ -587,9 +598,7 @@ def run_scripts(port: int, scripts: dict[int, list[tuple[bytes, str]]], marks: d
     selector = selectors.DefaultSelector()
     conns: dict[socket.socket, dict[str, Any]] = {}
     for who, steps in scripts.items():
-        conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        conn.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)  # the port is picked at connect, as a rank's
-        conn.bind((f"127.0.0.{1 + who % SOURCES}", 0))
+        conn = stand_in_socket(who)
         conn.setblocking(False)
         conns[conn] = {"who": who, "steps": steps, "at": -1, "buf": b""}
     if go is not None:
@@ -850,7 +859,7 @@ def watch_size(root: Path, world: int, warm_s: float = WARM_S, steady_s: float =
     nodes = world // GPN
     culprit = (nodes // 2) * GPN + 3
     per = -(-nodes // WORKERS)
-    start_at = time.time() + 2 + nodes / 2000  # the connections first
+    start_at = time.time() + 5 + nodes / 2000  # the connections first
     hang_at = start_at + warm_s + steady_s
     procs = [subprocess.Popen([sys.executable, __file__, "--watch-worker", str(watch_port), str(world), str(i * per),
                                str(min(nodes, (i + 1) * per)), repr(start_at), repr(hang_at), str(culprit)],
