@@ -5,10 +5,12 @@ script's `init_process_group()` (env://) is then given that same client
 (`share_with_process_group`), so there is one rendezvous and one connection
 per rank, not two.
 
-Every round trip is paid 100,000 times on the store's single thread, so a
-rank makes five: the client's ping on connect (no `init/` counter: nobody
-waits for workers), one compare-and-set that claims the rank and stores its
-record at once, the arrival count, and the verdict's wait and get.
+Every round trip is paid on the store's single thread, so a registration
+makes five: the client's ping on connect (no `init/` counter: nobody waits
+for workers), one compare-and-set that claims the rank (or, for a node
+leader, the node: nodegather.py) and stores its record at once, the
+arrival count, and the verdict's wait and get. A node's other ranks make
+none before the process group's init (LazyStore).
 
 torch's client looks up the name of the controller's address on connect
 (the IPv4-mapped form, `::ffff:a.b.c.d`), one query per rank: see the
