@@ -176,7 +176,7 @@ def _join(info: Any, record: dict[str, Any], timeout_s: float) -> tuple[Any, Any
         registered = rendezvous.register_node(store, info.node_slot, payloads, info.token, info.attempt_dir)
         nodegather.announce(path, registered)
     if info.rank not in registered:
-        rendezvous.register(store, info.rank, record, info.token, listed=path is not None)
+        rendezvous.register(store, info.rank, record, info.token, listed=info.gpus_per_node > 1)
     verdict, raw = rendezvous.await_sealed_verdict(store, timeout_s, info.world_size, info.token)
     if registered and raw is not None:
         nodegather.relay(path, raw)
