@@ -29,7 +29,7 @@ from typing import Any
 
 from clusterctl import rundir
 from clusterctl.runtime.wire import registration
-from clusterctl.store import collect
+from clusterctl.store import collect, sealed
 
 FILE_WAIT_S = 10.0  # a node registered in the store writes its full records' file a moment later
 NODE_CHUNK = 128  # node values a request: ~2 KB of summaries each at 8 ranks a node, ~0.25 MB answered
@@ -128,10 +128,13 @@ class Intake:
         found = dict(zip(own, map(registration.full_record, self.store.multi_get([registration.reg_key(r) for r in own])
                                   if own else [])))
         for slot in sorted({self.source[r] for r in ranks} - {OWN}):
-            payloads = self._node_file(slot) or registration.decode_node(bytes(self.store.get(registration.node_key(slot))))
-            for rank, payload in payloads.items():
-                if 0 <= rank < self.world and self.source[rank] == slot:
-                    found[rank] = registration.full_record(payload)
+            payloads = self._node_file(slot)
+            judged = [r for r in range(slot * self.gpn, min(self.world, (slot + 1) * self.gpn)) if self.source[r] == slot]
+            if any(r not in payloads for r in judged):  # the store's value: the summaries the verdict judged
+                payloads = {**registration.decode_node(bytes(self.store.get(registration.node_key(slot)))), **payloads}
+            for rank in judged:
+                if rank in payloads:
+                    found[rank] = registration.full_record(payloads[rank])
         return found
 
     def _node_file(self, slot: int) -> dict[int, bytes]:
@@ -140,7 +143,9 @@ class Intake:
             self._files_by = time.monotonic() + FILE_WAIT_S
         while True:
             try:
-                return registration.decode_node(path.read_bytes())
+                found = registration.decode_node(path.read_bytes())
+                # a record not sealed under its rank's key (the directory is shared; the file anyone's) is not taken
+                return {r: v for r, v in found.items() if sealed.unseal(self.token, registration.reg_key(r), v)}
             except FileNotFoundError:
                 if time.monotonic() >= self._files_by:
                     return {}

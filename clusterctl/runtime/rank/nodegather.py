@@ -37,11 +37,11 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from clusterctl.rundir.jsonio import write_bytes_atomic
 from clusterctl.store import nodetmp
 
 GATHER_S = 5.0  # the leader waits this long past its own readiness for its node's other ranks, then registers
@@ -71,14 +71,10 @@ def folder(info: Any) -> Path | None:
 
 def _write(path: Path, data: bytes) -> bool:
     """`data` at `path`, whole or not at all."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_bytes_atomic(path, data)
         return True
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return False
 
 

@@ -32,6 +32,7 @@ from urllib.parse import parse_qs, urlparse
 
 from clusterctl import rundir
 from clusterctl.exitcodes import ExitCode
+from clusterctl.rundir import jsonio
 from clusterctl.rundir.verdict import Verdict
 from clusterctl.runtime.rank.rankinfo import RankInfo
 from clusterctl.runtime.wire import registration
@@ -97,10 +98,9 @@ def register_node(store: Any, slot: int, payloads: dict[int, bytes], token: str,
     store.add(registration.ARRIVED, len(payloads))
     path = rundir.node_registrations(attempt_dir, slot)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_bytes(registration.encode_node(payloads))
-        os.replace(tmp, path)
+        mode = jsonio.new_file_mode(attempt_dir)
+        path.parent.mkdir(exist_ok=True, mode=mode | (mode & 0o444) >> 2)  # entered by whom may read its files
+        jsonio.write_bytes_atomic(path, registration.encode_node(payloads))
     except OSError as exc:  # manifest.json then holds this node's summaries only
         print(f"clusterctl: warning: cannot write {path}: {exc}", file=sys.stderr, flush=True)
     return sorted(payloads)
