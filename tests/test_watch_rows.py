@@ -219,3 +219,30 @@ def test_an_aggregator_says_each_process_state_once_then_its_changes(tmp_path: P
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_line_only_the_standard_decoder_reads_is_applied_and_garbage_is_skipped(tmp_path: Path) -> None:
+    """The watch server decodes with orjson for speed; a line with NaN (json.dumps writes one for a NaN step
+    time) still reads, as before, and a line neither decoder reads costs nothing but itself."""
+    hosts, gpn = ["n1"], 2
+    wd = Watchdog(gpn, hosts, gpn, Settings())
+    server = WatchServer(socket.create_server(("127.0.0.1", 0)), TOKEN, wd, tmp_path / "timeline.jsonl",
+                         lambda _: None, log=lambda _: None)
+    server.start()
+    conn = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        nonce = json.loads(conn.recv(4096).split(b"\n")[0])["nonce"]
+        conn.sendall(greeting.hello(TOKEN, nonce, "n1", 1))
+        conn.recv(4096)
+        rows = wire.rows_of([m for r in range(gpn) for m in cycle(r, 3, time.time(), compute=float("nan"))])
+        nan_line = json.dumps(wire.batch("n1", time.time(), rows, {})) + "\n"
+        assert "NaN" in nan_line
+        conn.sendall(b'{"kind": "batch", "ranks": [[0, \n' + nan_line.encode())
+        assert server.wait_until(lambda: all(r.step == 3 for r in wd.ranks), 5)
+        rows = wire.rows_of([m for r in range(gpn) for m in cycle(r, 4, time.time())])
+        conn.sendall(b"\xff\xfe not json\n" + (json.dumps(wire.batch("n1", time.time(), rows, {})) + "\n").encode())
+        assert server.wait_until(lambda: all(r.step == 4 for r in wd.ranks), 5)
+        assert server.conns and all(i["greeted"] for i in server.conns.values())  # the connection kept
+    finally:
+        conn.close()
+        server.close()
