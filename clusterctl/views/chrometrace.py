@@ -40,6 +40,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator, TextIO
 
+import orjson
+
 from clusterctl import rundir
 from clusterctl.errors import ClusterctlError
 from clusterctl.exitcodes import ExitCode
@@ -517,16 +519,27 @@ def build_trace(run: RunDir, attempt: int | None = None, steps: bool = True, gpu
     return Trace(run, attempt, steps, gpu, whole)
 
 
+_json_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _encode(batch: list[dict[str, Any]]) -> str:
+    """A batch of events as compact JSON: orjson (a fifth of the trace's time went to the standard encoder), the
+    standard encoder for what orjson will not write (a type of its own)."""
+    try:
+        return orjson.dumps(batch, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return _json_encode(batch)
+
+
 def write_trace(trace: Trace, out: TextIO) -> Summary:
     """Write the JSON object form incrementally, a batch of events per line, otherData (with the counts) last."""
-    encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     out.write('{"traceEvents":[')
     first = True
     for batch in trace.batches():
         if not batch:
             continue
         out.write("\n" if first else ",\n")
-        out.write(encode(batch)[1:-1])
+        out.write(_encode(batch)[1:-1])
         first = False
     out.write('\n],"displayTimeUnit":"ms","otherData":')
     out.write(json.dumps(other_data(trace), separators=(",", ":"), ensure_ascii=False))
