@@ -199,6 +199,23 @@ def test_a_hang_in_a_large_world_names_its_culprit_and_a_few_victims_and_counts_
     assert len(json.dumps(verdict.as_dict())) < 20_000  # every victim named made 4.9 MB at 16,384 ranks
 
 
+def test_a_lost_node_in_a_large_world_blames_its_ranks_and_counts_the_rest() -> None:
+    world, gpn = 4096, 8
+    hosts = [f"node{i:03d}" for i in range(world // gpn)]
+    wd = Watchdog(world, hosts, gpn, Settings(window=5))
+    for r in range(world):
+        wd.observe_row((r, 100 + r, r % gpn, "forward", 1, 100.0, True, False, 1, [], []), 100.0)
+    wd.observe_node_lost("node200", 101.0)
+    assert wd.verdict(102.0) is None  # not yet confirmed
+    verdict = wd.verdict(101.0 + 10)
+    assert verdict is not None and verdict.code == ExitCode.NODE_LOST
+    assert [c["rank"] for c in verdict.culprits] == list(range(1600, 1608))
+    assert len(verdict.victims) <= 32 and verdict.evidence["victims"]["count"] == world - gpn
+    assert not {v["rank"] for v in verdict.victims} & set(range(1600, 1608))
+    assert "4088 rank(s) elsewhere" in verdict.message
+    assert len(json.dumps(verdict.as_dict())) < 20_000  # every other rank named: 99,992 entries at 100,000
+
+
 def test_an_aggregator_says_each_process_state_once_then_its_changes(tmp_path: Path) -> None:
     from clusterctl.runtime.node.aggregator import Aggregator
 

@@ -14,7 +14,9 @@ did), with evidence. Keys (kept; keys may be added, never renamed):
                for an attempt that did not fail, and in files written before the key existed
     culprits   [{rank, host, reason, gpu?, evidence?, ...}], primary first; evidence: what points at
                the rank (a word of EVIDENCE)
-    victims    [{rank, host, reason}]
+    victims    [{rank, host, reason}]: every one up to 32; past that 32 named (the culprits' nodes' first,
+               then spread evenly), and evidence.victims = {count, named, doing}: all of them, counted by
+               what each was doing
     evidence   what the verdict was decided from (stacks, samples, srun's lines, ...)
     time       when it was given (seconds since the epoch)
 

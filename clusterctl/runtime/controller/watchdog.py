@@ -47,7 +47,7 @@ Rules (docs/design/watchdog.md says the same):
 from __future__ import annotations
 
 import statistics
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -57,7 +57,7 @@ from clusterctl.exitcodes import ExitCode
 from clusterctl.rundir.runjson import WatchdogRecord
 from clusterctl.rundir.verdict import FAULT_AMBIGUOUS, FAULT_NODE, Verdict
 from clusterctl.runtime.controller import straggler
-from clusterctl.runtime.controller.blame import Facts, TaskEnd, lost_node_verdict
+from clusterctl.runtime.controller.blame import EVIDENCE_RANKS, Facts, TaskEnd, lost_node_verdict, name_victims
 from clusterctl.runtime.controller.stepcolumns import StepColumns
 from clusterctl.runtime.wire import heartbeat as wire
 from clusterctl.runtime.wire.heartbeat import GONE
@@ -73,7 +73,6 @@ MEASURED_PHASES = ("save", "load")
 NODE_LOST_CONFIRM_S = 3.0  # an aggregator gone without goodbye this long: its node is lost (not an attempt ending)
 WAITING_PHASES = ("collective",)
 TIMEOUT_SAMPLE = 1024  # ranks whose step times set the hang timeout (evenly spread): every one of a smaller world
-EVIDENCE_RANKS = 32  # ranks a verdict names besides its culprits (and a straggler's evidence, with their losses)
 
 
 def straggler_warmup(window: int) -> int:
@@ -520,22 +519,14 @@ class Watchdog:
     # --- helpers ---------------------------------------------------------------------
     def _victims(self, culprits: list[RankState], said: Callable[[RankState], str]
                  ) -> tuple[list[RankState], dict[str, Any]]:
-        """The victims a verdict names: every one in a world of up to EVIDENCE_RANKS more than the culprits; in a
-        larger one, those on the culprits' nodes and then ranks spread evenly, EVIDENCE_RANKS in all, and the
-        evidence's `victims`: how many there are and what they were doing (`said`), most common first. Every victim
-        named made verdict.json 4.9 MB at 16,384 ranks, written while every rank waited, and a stack file each."""
+        """The victims a verdict names and the evidence's count of all of them (blame.name_victims: the culprits'
+        nodes' other ranks first)."""
         blamed = {c.rank for c in culprits}
-        if self.world - len(blamed) <= EVIDENCE_RANKS:
-            return [r for r in self.ranks if r.rank not in blamed], {}
         nodes = {c.node for c in culprits}
-        near = [r for r in self.ranks if r.node in nodes and r.rank not in blamed]
-        spread = self.ranks[:: max(1, self.world // EVIDENCE_RANKS)]
-        shown = list({r.rank: r for r in near + spread if r.rank not in blamed}.values())[:EVIDENCE_RANKS]
-        states = Counter(said(r) for r in self.ranks if r.rank not in blamed)
-        return sorted(shown, key=lambda r: r.rank), {"victims": {
-            "count": sum(states.values()), "named": len(shown),
-            "doing": dict(states.most_common(8)),
-        }}
+        ranks = self.ranks
+        named, counted = name_victims([r.rank for r in ranks if r.rank not in blamed], lambda r: ranks[r].node in nodes,
+                                      lambda r: said(ranks[r]))
+        return [ranks[r] for r in named], counted
 
     def _entry(self, r: RankState, reason: str, evidence: str = "") -> dict[str, Any]:
         entry: dict[str, Any] = {"rank": r.rank, "host": r.node, "gpu": r.gpu, "reason": reason}
