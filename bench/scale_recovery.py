@@ -40,7 +40,14 @@ detail, three phase changes), 45 s of that (the straggler rule judges from
 step 40), 20 s more over which the controller's cores are measured, then a
 hang (one rank stopped and silent, every other waiting in its collective):
 the verdict's time past the hang timeout, whether its culprit is exact,
-the timeline's bytes a rank-hour.
+the timeline's bytes a rank-hour. Strangers knock at the watch port all
+the while (64 KB before a hello, a wrong secret naming a live node, 64
+connections that never speak), and one node in 1,000 sends a line that is
+no JSON and a batch of bad rows each second: the verdict must stay exact
+and on time. Then, at 16,384 and 100,000 (`--faults`), two more runs: a
+straggler (one rank's compute 1.58x its peers' from 45 s on) and a lost
+node (its aggregator gone without a goodbye at 10 s); each verdict's time
+from the fault, and whether it blames exactly the rank (the node's ranks).
 
 Stand-ins, not torch processes: 1,024 processes do not fit 2 cores.
 The next attempt's start (`reregister`): every node's leader registering
@@ -67,7 +74,8 @@ Last line: {"restore_agree_s_1k", "restore_agree_s_16k", "restore_agree_s_100k",
 "restore_bytes_per_rank_16k", "restore_bytes_ratio_16k_1k", "restore_leader_bytes_16k",
 "allgather_bytes_per_rank_16k", "verdict_s_16k", "verdict_s_100k", "watch_cpu_16k", "watch_cpu_100k",
 "reregister_s_16k", "reregister_s_100k", "reregister_live_max", "pg_connect_s_16k", "pg_connect_s_100k",
-"pg_connect_live_max", "timeline_mb_per_rank_hour", "ettr_projected_16k",
+"pg_connect_live_max", "timeline_mb_per_rank_hour", "straggler_verdict_s_16k", "straggler_verdict_s_100k",
+"lost_verdict_s_16k", "lost_verdict_s_100k", "ettr_projected_16k",
 "ettr_projected_100k", "failure_cost_s_16k", "failure_cost_s_100k", "all_ok", "simulated"}.
 """
 
@@ -129,6 +137,12 @@ def ettr(world: int, verdict_s: float | None, storm_s: float | None, connect_s: 
 WARM_S = 45.0  # seconds of traffic (1 s steps) before the controller's CPU is measured: the straggler rule judges from step 40
 STEADY_S = 20.0  # seconds of full traffic after that, before the hang (the controller's CPU is measured over them)
 PHASES_PER_STEP = ("forward", "backward", "optimizer")  # each a phase message, then the step's report
+COMPUTE_S = 0.9  # a rank's compute time in its 1 s step
+PEER_COMPUTE_S, SLOW_COMPUTE_S = 0.6, 0.95  # a straggler run's: every rank's, and the straggler's (1.58x its peers')
+FAULTS = {"hang": 82, "straggler": 83, "lost": 86}  # what a watch run puts into the traffic -> the verdict's code
+MALFORMED_EVERY = 1000  # one node in so many also sends, each second, a line that is no JSON and a batch of bad rows
+STRAGGLER_TRAFFIC_S = (40.0, 5.0)  # a straggler from 45 s: the rule judges from step 40
+LOST_TRAFFIC_S = (8.0, 2.0)  # a lost node needs no warm-up
 QUICK_TRAFFIC_S = (6.0, 4.0)  # --quick: the CPU over 4 s after 6, before the straggler rule judges (it costs more then)
 
 
@@ -463,13 +477,14 @@ def one_size(world: int) -> dict[str, Any]:
 
 # --- the watch path: stand-in aggregators on the real wire, the real controller ------------------------------
 def node_batch(node: str, first_rank: int, step: int, now: float, hung: bool, culprit: int | None, detail: bool,
-               first: bool, hang_begins: bool) -> bytes:
+               first: bool, hang_begins: bool, compute: float = COMPUTE_S, slow: int | None = None) -> bytes:
     """One second of a node's aggregator, as RankDigest would make it: a row per rank, its 1 s step's report and,
     where the controller asked for detail, its three phase changes (the pid, GPU and process states in a node's
     first batch, then the changes).
 
     Hung: the culprit says nothing at all (a SIGSTOPped process), every other rank waits in the collective
-    (its liveness beats only, after the change into it), as a real hang looks from the aggregator.
+    (its liveness beats only, after the change into it), as a real hang looks from the aggregator. `compute`: each
+    rank's compute time a step; `slow`: a rank whose compute is SLOW_COMPUTE_S instead (a straggler).
     """
     from clusterctl.runtime.wire import heartbeat as wire
 
@@ -485,7 +500,8 @@ def node_batch(node: str, first_rank: int, step: int, now: float, hung: bool, cu
             rows.append([r, pid, gpu, "collective", step, now, hang_begins, False, 0, changes, []])
             continue
         changes = [[phase, step, now] for phase in PHASES_PER_STEP] if detail else []
-        rows.append([r, pid, gpu, "optimizer", step, now, True, False, 1, changes, [[step, "optimizer", now, 1.0, 0.9]]])
+        took = SLOW_COMPUTE_S if r == slow else compute
+        rows.append([r, pid, gpu, "optimizer", step, now, True, False, 1, changes, [[step, "optimizer", now, 1.0, took]]])
     return (json.dumps(wire.batch(node, now, rows, procs)) + "\n").encode()
 
 
@@ -497,24 +513,26 @@ class SteadyBatches:
     batches made whole each second (40-80 us each) took a stand-in worker's core, and its lag then judged the
     controller. The bytes are node_batch's exactly."""
 
-    def __init__(self, culprit: int) -> None:
+    def __init__(self, culprit: int, compute: float = COMPUTE_S) -> None:
         self.culprit = culprit
+        self.compute = compute
         self.made: dict[tuple[int, bool, bool], tuple[bytes, ...]] = {}
 
     def line(self, node: int, detail: bool, hung: bool, step: int, now: float) -> bytes:
         parts = self.made.get((node, detail, hung))
         if parts is None:
             whole = node_batch(f"node{node:05d}", node * GPN, STEP_MARK, TIME_MARK, hung, self.culprit, detail,
-                               False, False)
+                               False, False, self.compute)
             parts = self.made[(node, detail, hung)] = tuple(
                 piece.split(str(STEP_MARK).encode()) for piece in whole.split(repr(TIME_MARK).encode()))
         step_b, now_b = str(step).encode(), repr(now).encode()
         return now_b.join(step_b.join(piece) for piece in parts)
 
 
-def watch_worker(port: int, world: int, first_node: int, last_node: int, start_at: float, hang_at: float,
-                 culprit: int) -> None:
-    """Aggregators of nodes first..last-1: greet, then a batch a second each; a hang from hang_at; prints send lag."""
+def watch_worker(port: int, world: int, first_node: int, last_node: int, culprit: int, fault: str = "hang") -> None:
+    """Aggregators of nodes first..last-1: greet, say so, read the traffic's start and the fault's time from stdin
+    (once every worker has connected), then a batch a second each; from then the fault (FAULTS): the culprit hung,
+    slow, or its node's aggregator gone without a goodbye; prints send lag."""
     import selectors
 
     from clusterctl.runtime.wire import greeting
@@ -539,13 +557,17 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
         detailed[i] = json.loads(data.split(b"\n")[0]).get("detail") is not False
         conns[i] = conn
     print(json.dumps({"connected": len(conns)}), flush=True)
+    start_at, hang_at = (float(x) for x in sys.stdin.readline().split())
     selector = selectors.DefaultSelector()
     for conn in conns.values():
         conn.setblocking(False)
         selector.register(conn, selectors.EVENT_READ)
     lags: list[float] = []
     killed: set[int] = set()
-    steady = SteadyBatches(culprit)
+    compute = PEER_COMPUTE_S if fault == "straggler" else COMPUTE_S
+    steady = SteadyBatches(culprit, compute)
+    lost_node = culprit // GPN if fault == "lost" else None
+    malformed = b'not json\n{"kind": "batch", "node": "x", "ranks": [["bad"], [1, 2], 7], "procs": {"z": 1}}\n'
     tick = last_step = 0
     hang_tick: int | None = None
     while time.time() < hang_at + 60 and len(killed) < len(conns):
@@ -567,28 +589,70 @@ def watch_worker(port: int, world: int, first_node: int, last_node: int, start_a
                         selector.unregister(conn)
         now = time.time()
         lags.append(now - due)
+        faulty = now >= hang_at
+        if faulty and lost_node in conns and lost_node not in killed:  # the node's aggregator dies: no goodbye
+            killed.add(lost_node)
+            selector.unregister(conns[lost_node])
+            conns[lost_node].close()
         for i, conn in conns.items():
             if i in killed:
                 continue
-            hung = now >= hang_at
+            hung = faulty and fault == "hang"
             if not hung:
                 last_step = tick  # a hang holds every rank at the step it began in
             begins = hung and hang_tick in (None, tick)
-            if tick == 0 or begins:  # a node's first batch and the hang's first second: said once, made whole
-                line = node_batch(f"node{i:05d}", i * GPN, last_step, now, hung, culprit, detailed[i], tick == 0, begins)
+            slow = faulty and fault == "straggler" and i == culprit // GPN
+            if tick == 0 or begins or slow:  # a node's first batch, the hang's first second, the straggler's: whole
+                line = node_batch(f"node{i:05d}", i * GPN, last_step, now, hung, culprit, detailed[i], tick == 0, begins,
+                                  compute, culprit if slow else None)
             else:
                 line = steady.line(i, detailed[i], hung, last_step, now)
+            if i % MALFORMED_EVERY == 1:  # a buggy aggregator of a live node: its bad lines are skipped, it is kept
+                line = malformed + line
             conn.setblocking(True)
             try:
                 conn.sendall(line)
             except OSError:
                 killed.add(i)
             conn.setblocking(False)
-        if now >= hang_at and hang_tick is None:
+        if faulty and fault == "hang" and hang_tick is None:
             hang_tick = tick
         tick += 1
     print(json.dumps({"lag_p99_s": sorted(lags)[int(0.99 * (len(lags) - 1))] if lags else None,
                       "lag_max_s": max(lags, default=None), "killed": len(killed)}), flush=True)
+
+
+def hostile_worker(port: int, until: float) -> None:
+    """Strangers at the watch port while the traffic flows, one every 20 ms in turn: 64 KB before any hello, a hello
+    with the wrong secret naming a live node, a connection that never speaks (64 held open). The server must turn
+    each away at no cost to the verdict; prints how many of each."""
+    from clusterctl.runtime.wire import greeting
+
+    raise_nofile()
+    counts = {"oversized": 0, "wrong_secret": 0, "silent": 0, "reset": 0}
+    silent: list[socket.socket] = []
+    n = 0
+    while time.time() < until:
+        kind = ("oversized", "wrong_secret", "silent")[n % 3]
+        n += 1
+        counts[kind] += 1
+        try:
+            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if kind == "oversized":
+                conn.sendall(b"x" * (1 << 16))
+                conn.close()
+            elif kind == "wrong_secret":
+                nonce = json.loads(conn.recv(4096).split(b"\n")[0])["nonce"]
+                conn.sendall(greeting.hello("not-this-attempts-token", nonce, "node00000", 1))
+                conn.close()
+            else:
+                silent.append(conn)
+                if len(silent) > 64:
+                    silent.pop(0).close()
+        except (OSError, ValueError, KeyError):
+            counts["reset"] += 1  # the server closed first: what it should do
+        time.sleep(0.02)
+    print(json.dumps(counts), flush=True)
 
 
 # --- the next attempt's start: its controller up, then every rank registering at once ---------------------------
@@ -868,9 +932,12 @@ def listen_overflows() -> int:
     return 0
 
 
-def watch_size(root: Path, world: int, warm_s: float = WARM_S, steady_s: float = STEADY_S) -> dict[str, Any]:
-    """A hang in full traffic: the verdict's time past the hang timeout, and the controller's cores meanwhile (over
-    `steady_s`, after `warm_s` of traffic)."""
+def watch_size(root: Path, world: int, warm_s: float = WARM_S, steady_s: float = STEADY_S, fault: str = "hang",
+               hostile: bool = False) -> dict[str, Any]:
+    """A fault (FAULTS) in full traffic after `warm_s` + `steady_s`: the verdict's time (a hang's past its timeout,
+    the others' past the fault), whether it blames exactly the culprit (a lost node: its ranks), and the
+    controller's cores over `steady_s`. `hostile`: strangers at the port throughout (hostile_worker); in every run,
+    one node in MALFORMED_EVERY sends bad lines beside its batches."""
     attempt, hosts = make_run(root, world)
     ctl = Controller(attempt, preloaded=True)
     store = ctl.wait_store()
@@ -886,16 +953,20 @@ def watch_size(root: Path, world: int, warm_s: float = WARM_S, steady_s: float =
     nodes = world // GPN
     culprit = (nodes // 2) * GPN + 3
     per = -(-nodes // WORKERS)
-    start_at = time.time() + 5 + nodes / 700  # the connections first (12,500 took 17 s: a greeting each, 4 workers)
-    hang_at = start_at + warm_s + steady_s
     procs = [subprocess.Popen([sys.executable, __file__, "--watch-worker", str(watch_port), str(world), str(i * per),
-                               str(min(nodes, (i + 1) * per)), repr(start_at), repr(hang_at), str(culprit)],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT) for i in range(WORKERS)]
-    for p in procs:
+                               str(min(nodes, (i + 1) * per)), str(culprit), fault],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT) for i in range(WORKERS)]
+    for p in procs:  # every aggregator connected and greeted (12,500 take 10-17 s), then the traffic begins at once
         json.loads(p.stdout.readline())
-    print(f"  {world}: connected; {warm_s + steady_s:g} s of traffic, then a hang", file=sys.stderr, flush=True)
-    if time.time() > start_at:
-        print(f"  {world}: the aggregators connected {time.time() - start_at:.1f} s late", file=sys.stderr)
+    start_at = time.time() + 0.5
+    hang_at = start_at + warm_s + steady_s
+    for p in procs:
+        p.stdin.write(f"{start_at!r} {hang_at!r}\n")
+        p.stdin.flush()
+    strangers = subprocess.Popen([sys.executable, __file__, "--hostile-worker", str(watch_port), repr(hang_at + 15)],
+                                 stdout=subprocess.PIPE, text=True, cwd=ROOT) if hostile else None
+    print(f"  {world}: connected; {warm_s + steady_s:g} s of traffic, then a {fault}"
+          + (", strangers at the port throughout" if hostile else ""), file=sys.stderr, flush=True)
     time.sleep(max(0.0, start_at + warm_s - time.time()))  # the watchdog past its warm-up, the straggler rule judging
     cpu0, wall0 = cpu_seconds(ctl.proc.pid), time.time()
     time.sleep(max(0.0, hang_at - time.time()))
@@ -904,11 +975,12 @@ def watch_size(root: Path, world: int, warm_s: float = WARM_S, steady_s: float =
     while time.time() < hang_at + 120:
         with contextlib.suppress(OSError, ValueError):
             record = json.loads(verdict_file.read_text())
-            if record.get("code") == 82:
+            if record.get("ok") is False:
                 found = (verdict_file.stat().st_mtime, record)
                 break
         time.sleep(0.05)
     reports = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    turned_away = json.loads(strangers.communicate()[0].strip().splitlines()[-1]) if strangers else None
     from clusterctl.rundir import timeline
 
     try:  # the timeline's bytes: a long traffic's segments (compressed as the watch server closes them) and the live file
@@ -916,16 +988,23 @@ def watch_size(root: Path, world: int, warm_s: float = WARM_S, steady_s: float =
     except OSError:
         timeline_mb = 0.0
     ctl.stop()
-    row: dict[str, Any] = {"ranks": world, "nodes": nodes, "watch_cpu": round(cores, 3),
+    row: dict[str, Any] = {"ranks": world, "nodes": nodes, "fault": fault, "watch_cpu": round(cores, 3),
                            "send_lag_p99_s": max(r["lag_p99_s"] or 0 for r in reports), "timeline_mb": round(timeline_mb, 1)}
+    if turned_away is not None:
+        row["strangers"] = turned_away
     if found is None:
         row.update(ok=False, verdict_s=None)
     else:
         when, record = found
-        timeout = float(record["evidence"]["hang_timeout_s"])
+        due = hang_at
+        if fault == "hang" and "hang_timeout_s" in record.get("evidence", {}):
+            row["hang_timeout_s"] = timeout = float(record["evidence"]["hang_timeout_s"])
+            due += timeout
+        node = culprit // GPN
+        expected = list(range(node * GPN, node * GPN + GPN)) if fault == "lost" else [culprit]
         blamed = [c.get("rank") for c in record.get("culprits", [])]
-        row.update(ok=blamed == [culprit], verdict_s=round(when - (hang_at + timeout), 3), hang_timeout_s=timeout,
-                   culprits=blamed[:3], verdict_mb=round(verdict_file.stat().st_size / 1e6, 2))
+        row.update(ok=record.get("code") == FAULTS[fault] and blamed == expected, verdict_s=round(when - due, 3),
+                   code=record.get("code"), culprits=blamed[:8], verdict_mb=round(verdict_file.stat().st_size / 1e6, 2))
     hours = (hang_at - start_at) / 3600
     row["timeline_mb_per_rank_hour"] = round(timeline_mb / world / hours, 4)  # the file's growth over the world's ranks
     row["timeline_mb_per_hour"] = round(timeline_mb / hours)
@@ -957,7 +1036,11 @@ def main() -> None:
         return
     if "--watch-worker" in sys.argv:
         a = sys.argv[sys.argv.index("--watch-worker") + 1:]
-        watch_worker(int(a[0]), int(a[1]), int(a[2]), int(a[3]), float(a[4]), float(a[5]), int(a[6]))
+        watch_worker(int(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5])
+        return
+    if "--hostile-worker" in sys.argv:
+        a = sys.argv[sys.argv.index("--hostile-worker") + 1:]
+        hostile_worker(int(a[0]), float(a[1]))
         return
     in_namespace(SOURCES)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -965,6 +1048,7 @@ def main() -> None:
     parser.add_argument("--sizes", help="the restore agreement's sizes (1024,16384, and 100000 without --quick)")
     parser.add_argument("--watch", default="1024,16384,100000", help="the watch path's sizes")
     parser.add_argument("--reregister", default="16384,100000", help="the next attempt's start's sizes")
+    parser.add_argument("--faults", default="16384,100000", help="the sizes a straggler and a lost node are put in at")
     parser.add_argument("--no-namespace", action="store_true", help="leave name resolution alone")
     args = parser.parse_args()
     raise_nofile(120000)  # the controller holds a connection a rank: 100,000 at once
@@ -980,8 +1064,13 @@ def main() -> None:
         starts[world] = reregister(root, world)
         print(json.dumps(starts[world]), flush=True)
     for world in [16384] if args.quick else [int(x) for x in args.watch.split(",") if x]:
-        watched[world] = watch_size(root, world, *(QUICK_TRAFFIC_S if args.quick else (WARM_S, STEADY_S)))
+        watched[world] = watch_size(root, world, *(QUICK_TRAFFIC_S if args.quick else (WARM_S, STEADY_S)), hostile=True)
         print(json.dumps(watched[world]), flush=True)
+    faulted: dict[tuple[str, int], dict[str, Any]] = {}
+    for world in [] if args.quick else [int(x) for x in args.faults.split(",") if x]:
+        for fault, traffic in (("straggler", STRAGGLER_TRAFFIC_S), ("lost", LOST_TRAFFIC_S)):
+            faulted[(fault, world)] = watch_size(root, world, *traffic, fault=fault)
+            print(json.dumps(faulted[(fault, world)]), flush=True)
     shutil.rmtree(root, ignore_errors=True)
     small, large, huge = rows.get(1024), rows.get(16384), rows.get(100000)
     w16, w100 = watched.get(16384), watched.get(100000)
@@ -1004,7 +1093,9 @@ def main() -> None:
         "pg_connect_s_16k": storm(starts, 16384, "connect_s"),
         "pg_connect_s_100k": storm(starts, 100000, "connect_s") if 100000 in starts else None,
         "pg_connect_live_max": max((w for w, r in starts.items() if r.get("connect_s") is not None), default=None),
-        "all_ok": all(row["ok"] for row in [*rows.values(), *watched.values(), *starts.values()]),
+        **{f"{fault}_verdict_s_{key}": (faulted[(fault, world)]["verdict_s"] if (fault, world) in faulted else None)
+           for fault in ("straggler", "lost") for world, key in ((16384, "16k"), (100000, "100k"))},
+        "all_ok": all(row["ok"] for row in [*rows.values(), *watched.values(), *starts.values(), *faulted.values()]),
     }
     # The agreement at 100,000 is measured without --quick; with it, 16,384's scaled by the nodes (rank 0 reads each
     # node's inventory).
