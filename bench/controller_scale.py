@@ -135,7 +135,10 @@ PRELOADED_CONTROLLER = (
 
 
 class Controller:
+    running: list[Controller] = []  # started and not yet stopped: stop_all() ends them when a bench fails
+
     def __init__(self, attempt: Path, preloaded: bool) -> None:
+        self.stopped: dict[str, float] = {}
         env = dict(os.environ, CLUSTERCTL_TOKEN=TOKEN, CLUSTERCTL_ATTEMPT="1", SLURMD_NODENAME="node00000")
         self.out = attempt.parent / "controller.out"
         self.fh = open(self.out, "w")
@@ -148,6 +151,7 @@ class Controller:
             [sys.executable, *entry, "--attempt-dir", str(attempt), "--port", "20000"],
             env=env, stdout=self.fh, stderr=subprocess.STDOUT, cwd=ROOT,
         )
+        Controller.running.append(self)
         ready = attempt / "controller.json"
         deadline = time.monotonic() + 120
         while not ready.exists():
@@ -187,11 +191,24 @@ class Controller:
         raise RuntimeError(f"no timings from the controller: {self.out.read_text()[-3000:]}")
 
     def stop(self) -> dict[str, float]:
+        """SIGTERM, then its code and resource use; a second call returns the first's (stop_all may come after:
+        three controllers that failed benches left behind held the store's port for the runs after)."""
+        if self.proc.returncode is not None:
+            return self.stopped
         self.proc.send_signal(signal.SIGTERM)
         _, status, usage = os.wait4(self.proc.pid, 0)
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         self.fh.close()
-        return {"code": self.proc.returncode, "peak_rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
+        self.stopped = {"code": self.proc.returncode, "peak_rss_mb": usage.ru_maxrss / 1024,
+                        "cpu_s": usage.ru_utime + usage.ru_stime}
+        Controller.running.remove(self)
+        return self.stopped
+
+
+def stop_all() -> None:
+    """Every controller a bench started and did not stop (it failed on the way)."""
+    for ctl in list(Controller.running):
+        ctl.stop()
 
 
 def watch_verdict(store: Any, seen: dict[str, float]) -> threading.Thread:
@@ -382,4 +399,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        stop_all()

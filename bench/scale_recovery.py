@@ -103,7 +103,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from controller_scale import TIMINGS, Controller, in_namespace, make_run, preload, raise_nofile  # noqa: E402
+from controller_scale import TIMINGS, Controller, in_namespace, make_run, preload, raise_nofile, stop_all  # noqa: E402
 from controller_scale import TOKEN as CONTROLLER_TOKEN  # noqa: E402
 
 GPN = 8
@@ -1114,4 +1114,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        stop_all()
