@@ -17,7 +17,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "clusterctl"
 
 LAYERS: list[set[str]] = [
-    {"exitcodes", "envnames", "errors", "procfs", "store", "__init__"},
+    {"exitcodes", "envnames", "errors", "procfs", "jsonfast", "store", "__init__"},
     {"syntax", "rundir"},
     {"checkpoint", "config"},
     {"plan"},
